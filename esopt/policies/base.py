@@ -1,0 +1,71 @@
+"""The policy interface every model backend implements.
+
+A policy turns chat messages into prompts and generates completions in batches. ES perturbs
+`policy.model`'s parameters in place; GRPO/PPO train them. Generated token ids are kept as produced
+(never re-tokenized from text) because the RL baselines need them for exact log-prob ratios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding settings for one turn. temperature == 0 means greedy decoding."""
+
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    max_new_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """One completion. token_ids exclude padding and include EOS if the model produced it."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    # log p(token) under softmax(raw_logits / temperature) (temperature 1 when greedy); None unless asked for
+    logprobs: list[float] | None = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    model: torch.nn.Module
+    tokenizer: object
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def build_prompt(self, messages: list[dict[str, str]]) -> str:
+        """Render chat messages ({"role", "content"}) into the prompt text, generation prompt included."""
+        ...
+
+    def generate(
+        self,
+        prompts: list[str],
+        sampling: SamplingParams,
+        seed: int | None = None,
+        return_logprobs: bool = False,
+    ) -> list[Generation]:
+        """Generate one completion per prompt in one batched call; same seed => same output."""
+        ...
