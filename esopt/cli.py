@@ -1,2 +1,201 @@
-def main() -> None:  # placeholder until the CLI lands
-    raise SystemExit("esopt: CLI not built yet")
+"""`esopt`: train, eval, replay, pretrain, demo, bench, analyze.
+
+Every subcommand prints a one-line error (exit code 2) for bad input instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXAMPLES = """examples:
+  esopt train configs/smoke.yaml --out runs/smoke
+  esopt train configs/sudoku4_h10_cpu.yaml es.sigma=2e-3 env.kwargs.h_star=15
+  esopt train --resume runs/smoke
+  esopt eval --model tiny-sudoku --size 4 --h-star 10 --episodes 64
+  esopt replay runs/smoke --out runs/smoke-replayed
+  esopt demo
+"""
+
+
+def _train(args: argparse.Namespace) -> int:
+    from esopt.train.config import load_config
+
+    if args.resume:
+        run = Path(args.resume)
+        if not (run / "config.yaml").exists():
+            raise ValueError(f"--resume {run}: no config.yaml there (not a run directory)")
+        config = load_config(run / "config.yaml", args.overrides)
+        out = run
+    else:
+        if not args.config:
+            raise ValueError("train needs a CONFIG file (or --resume RUN_DIR)")
+        config = load_config(args.config, args.overrides)
+        out = Path(args.out or f"runs/{config.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    trainer = _trainer(config.algo)
+    summary = trainer(config, out, resume=bool(args.resume), progress=not args.no_progress)
+    print(f"run directory: {out}")
+    return 130 if summary.get("interrupted") else 0
+
+
+def _trainer(algo: str):
+    import importlib
+
+    return importlib.import_module(f"esopt.train.{algo}").train
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from esopt.policies import SamplingParams
+    from esopt.rollout import run_episodes
+    from esopt.train.common import load_model, summarize
+    from esopt.train.config import ModelSection
+
+    env_kwargs = {"size": args.size, "h_star": args.h_star}
+    if args.reward:
+        env_kwargs["reward"] = args.reward
+    policy = load_model(ModelSection(name=args.model, dtype=args.dtype, device=args.device), env_kwargs)
+    from esopt.envs import make_env
+
+    make_env(args.env, **env_kwargs).close()
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
+    seeds = [args.task_seed + i for i in range(args.episodes)]
+    trajectories, stats = run_episodes(
+        policy, lambda: make_env(args.env, **env_kwargs), seeds, sampling, seed=args.seed,
+        conversation=args.conversation, max_batch_size=args.batch_size, progress=not args.no_progress)
+    s = summarize(trajectories)
+    print(f"model {args.model} | {args.env} {env_kwargs} | {args.episodes} episodes | T={args.temperature}")
+    print(f"success rate {s['success_rate']:.3f} | mean reward {s['mean_reward']:.3f} | mean turns "
+          f"{s['mean_turns']:.2f} | valid actions {s['valid_action_rate']:.3f} | "
+          f"{stats.tokens_per_second:.1f} generated tok/s ({stats.generated_tokens} tokens in {stats.seconds:.1f}s)")
+    for t in trajectories[: args.samples]:
+        print(f"\n--- task {t.task_seed}: success={t.success} turns={t.num_turns} reward={t.reward:.2f}")
+        for k, turn in enumerate(t.turns[:6]):
+            print(f"[turn {k + 1}] prompt tail: {turn.prompt[-80:]!r}")
+            print(f"          action: {turn.text!r} -> {turn.info.get('feedback', '')!r}")
+        if t.num_turns > 6:
+            print(f"          ... {t.num_turns - 6} more turns")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from esopt.es import read_history, replay
+    from esopt.train.common import load_model
+    from esopt.train.config import load_config
+    from esopt.utils.io import save_pretrained_atomic
+
+    run = Path(args.run_dir)
+    config = load_config(run / "config.yaml")
+    records = read_history(run / "history.jsonl")
+    policy = load_model(config.model, config.env.kwargs)
+    t = time.perf_counter()
+    replay(policy.model, records, upto=args.upto)
+    save_pretrained_atomic(policy.model, policy.tokenizer, args.out)
+    n = len(records) if args.upto is None else min(args.upto, len(records))
+    print(f"replayed {n} generations in {time.perf_counter() - t:.1f}s -> {args.out}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from esopt.demo import run_demo
+
+    return run_demo(out=args.out, quick=args.quick)
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from esopt.train.pretrain import main_pretrain
+
+    return main_pretrain(args.rest)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    names = {"overhead": "bench.es_overhead", "rollout": "bench.rollout_throughput", "horizon": "esopt.bench.horizon"}
+    if args.which not in names:
+        raise ValueError(f"unknown benchmark {args.which!r}; choose one of {sorted(names)}")
+    root = Path(__file__).resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(names[args.which]).main(args.rest) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="esopt", description="Evolution strategies for multi-turn LLM agents.",
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train from a YAML config (es, grpo or ppo)",
+                       description="Train from a YAML config. Override any field with dotted key=value pairs.")
+    t.add_argument("config", nargs="?", help="YAML config (see configs/)")
+    t.add_argument("overrides", nargs="*", help="field overrides, e.g. es.sigma=2e-3 env.kwargs.h_star=15")
+    t.add_argument("--out", help="run directory (default runs/ALGO-TIMESTAMP)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete generation")
+    t.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    t.set_defaults(func=_train)
+
+    e = sub.add_parser("eval", help="roll out a model on Sudoku and print success, reward, turns, tokens/s")
+    e.add_argument("--model", default="tiny", help="tiny | tiny-sudoku | smollm2 | local HF dir | .gguf file")
+    e.add_argument("--env", default="esopt/Sudoku-v0", help="registered env id")
+    e.add_argument("--size", type=int, default=4, help="board size: 4, 6 or 9")
+    e.add_argument("--h-star", type=int, default=5, help="holes = minimum turns to succeed")
+    e.add_argument("--reward", choices=["binary", "shaped"], help="env reward (default binary)")
+    e.add_argument("--episodes", type=int, default=32)
+    e.add_argument("--task-seed", type=int, default=10_000, help="first task seed (tasks are seed..seed+N-1)")
+    e.add_argument("--seed", type=int, default=0, help="sampling seed")
+    e.add_argument("--temperature", type=float, default=0.7)
+    e.add_argument("--top-p", type=float, default=0.8)
+    e.add_argument("--top-k", type=int, default=20)
+    e.add_argument("--max-new-tokens", type=int, default=16)
+    e.add_argument("--conversation", choices=["markov", "history"], default="markov")
+    e.add_argument("--batch-size", type=int, default=None, help="max episodes per generate call")
+    e.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--samples", type=int, default=2, help="transcripts to print")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=_eval)
+
+    r = sub.add_parser("replay", help="rebuild a run's weights from its base model and history.jsonl")
+    r.add_argument("run_dir")
+    r.add_argument("--out", required=True, help="where to write the rebuilt HF model")
+    r.add_argument("--upto", type=int, help="replay only the first N generations")
+    r.set_defaults(func=_replay)
+
+    d = sub.add_parser("demo", help="the README's main job: warm start, ES fine-tune, before/after table")
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--quick", action="store_true", help="a one-minute version (smoke)")
+    d.set_defaults(func=_demo)
+
+    pt = sub.add_parser("pretrain", help="supervised warm start of the tiny model (see esopt pretrain -h)",
+                        add_help=False)
+    pt.add_argument("rest", nargs=argparse.REMAINDER)
+    pt.set_defaults(func=_pretrain)
+
+    b = sub.add_parser("bench", help="benchmarks: overhead | rollout | horizon (pass -h after the name)")
+    b.add_argument("which")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(func=_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # overrides may follow options: `train CFG --out DIR es.sigma=2e-3`
+        if args.command == "train" and all("=" in x and not x.startswith("-") for x in extra):
+            args.overrides = list(args.overrides) + extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"esopt {args.command}: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""What every trainer (ES, GRPO, PPO) shares: model and env construction, task seeds, held-out
+evaluation, the run directory (config, metrics, TensorBoard, plots, checkpoints) and peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from esopt.policies import HFPolicy, load_policy
+from esopt.rollout import Trajectory, run_episodes
+from esopt.train.config import BaseTrainConfig, ModelSection, dump_config
+from esopt.utils.io import save_pretrained_atomic, write_json_atomic
+
+# Training and held-out task seeds come from disjoint ranges, so no held-out seed is ever trained on.
+TRAIN_SEED_RANGE = (0, 2**31)
+HELDOUT_SEED_BASE = 2**31
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ESOPT_CACHE", Path.home() / ".cache" / "esopt"))
+
+
+# --- model and env --------------------------------------------------------------------------------
+
+def load_model(section: ModelSection, env_kwargs: dict | None = None) -> HFPolicy:
+    """'tiny-sudoku' is a tiny Llama warm-started on solver demos (built once, then cached)."""
+    if section.name == "tiny-sudoku":
+        from esopt.train.pretrain import warm_start_path
+
+        size = int((env_kwargs or {}).get("size", 4))
+        path = warm_start_path(size=size, steps=section.warm_start_steps, seed=section.seed, cache=cache_dir())
+        return load_policy(str(path), dtype=section.dtype, device=section.device)
+    if section.name == "tiny" and section.seed != 0:
+        from esopt.policies import build_tiny_model
+
+        model, tok = build_tiny_model(seed=section.seed)
+        return HFPolicy(model.to(section.device), tok)
+    return load_policy(section.name, dtype=section.dtype, device=section.device)
+
+
+def env_factory(config: BaseTrainConfig) -> Callable:
+    from esopt.envs import make_env
+
+    env_id, kwargs = config.env.id, dict(config.env.kwargs)
+    make_env(env_id, **kwargs).close()  # fail fast, with the env's own message, on bad kwargs
+    return lambda: make_env(env_id, **kwargs)
+
+
+def train_task_seeds(seed: int, step: int, count: int) -> list[int]:
+    rng = np.random.default_rng([seed, step, 7])
+    return [int(s) for s in rng.integers(*TRAIN_SEED_RANGE, size=count)]
+
+
+def heldout_task_seeds(config: BaseTrainConfig) -> list[int]:
+    rng = np.random.default_rng([config.eval.seed, 11])
+    return [HELDOUT_SEED_BASE + int(s) for s in rng.integers(0, 2**30, size=config.eval.tasks)]
+
+
+def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
+    n = max(len(trajectories), 1)
+    return {
+        "success_rate": sum(t.success for t in trajectories) / n,
+        "mean_reward": sum(t.reward for t in trajectories) / n,
+        "mean_turns": sum(t.num_turns for t in trajectories) / n,
+        "valid_action_rate": sum(t.valid_action_rate for t in trajectories) / n,
+        "shaped_reward": sum(t.turns[-1].info.get("shaped_reward", 0.0) if t.turns else 0.0 for t in trajectories) / n,
+    }
+
+
+def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_offset: int = 0) -> dict[str, float]:
+    """The unperturbed policy on the held-out tasks, `repeats` rollouts each, with the run's sampling."""
+    seeds = heldout_task_seeds(config) * config.eval.repeats
+    trajectories, stats = run_episodes(
+        policy, make, seeds, config.sampling.params(), seed=config.eval.seed + seed_offset,
+        conversation=config.env.conversation, system_prompt=config.env.system_prompt,
+        max_batch_size=config.max_batch_size,
+    )
+    out = summarize(trajectories)
+    out["tokens_per_second"] = stats.tokens_per_second
+    out["eval_seconds"] = stats.seconds
+    return out
+
+
+# --- run directory --------------------------------------------------------------------------------
+
+class RunDir:
+    """config.yaml, history.jsonl, metrics.jsonl, tb/, plots/, checkpoints/, final/ under one root."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.root / "config.yaml"
+        self.history_path = self.root / "history.jsonl"
+        self.metrics_path = self.root / "metrics.jsonl"
+        self.checkpoints = self.root / "checkpoints"
+        self.plots = self.root / "plots"
+        self._tb = None
+
+    def write_config(self, config: BaseTrainConfig) -> None:
+        dump_config(config, self.config_path)
+
+    @property
+    def tb(self):
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.root / "tb"))
+        return self._tb
+
+    def log(self, step: int, kind: str, values: dict) -> None:
+        row = {"step": step, "kind": kind, "time": time.time(), **values}
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        for k, v in values.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.tb.add_scalar(f"{kind}/{k}", v, step)
+        self.tb.flush()
+
+    def metrics(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line after a kill
+        return rows
+
+    def drop_metrics_from(self, step: int) -> None:
+        """On resume, forget rows of steps that will be redone."""
+        keep = [r for r in self.metrics() if r["step"] < step or (r["kind"] == "eval" and r["step"] <= step)]
+        from esopt.utils.io import write_text_atomic
+
+        write_text_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
+
+    def save_checkpoint(self, policy: HFPolicy, step: int, state: dict, keep: int) -> Path:
+        out = save_pretrained_atomic(policy.model, policy.tokenizer, self.checkpoints / f"step_{step:06d}",
+                                     extra_files={"trainer_state.json": json.dumps({"step": step, **state})})
+        for old in sorted(self.checkpoints.glob("step_*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return out
+
+    def latest_checkpoint(self, at_most: int | None = None) -> tuple[int, Path] | None:
+        found = []
+        for d in self.checkpoints.glob("step_*"):
+            state = d / "trainer_state.json"
+            if state.exists():
+                step = json.loads(state.read_text())["step"]
+                if at_most is None or step <= at_most:
+                    found.append((step, d))
+        return max(found) if found else None
+
+    def save_final(self, policy: HFPolicy, summary: dict) -> None:
+        save_pretrained_atomic(policy.model, policy.tokenizer, self.root / "final")
+        write_json_atomic(self.root / "summary.json", summary)
+
+    def plot(self) -> list[Path]:
+        from esopt.utils.plots import plot_run
+
+        return plot_run(self.metrics(), self.plots)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+def inference_peak_bytes(config: BaseTrainConfig, episodes: int) -> int | None:
+    """Peak memory of inference alone (same model, same batch, same imports) in a fresh process."""
+    cmd = [sys.executable, "-m", "esopt.train.memprobe", json.dumps(config.model_dump(mode="json")), str(episodes)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as e:
+        print(f"warning: inference-only memory probe failed: {e}", file=sys.stderr)
+        return None

@@ -1,0 +1,201 @@
+"""Typed, validated run configuration: one config class per trainer on a shared base (TRL style).
+
+A YAML file names its algorithm (`algo: es | grpo | ppo`); every field can be overridden from the
+command line with dotted `key=value` pairs (`es.sigma=2e-3 env.kwargs.h_star=10`). Any mistake is
+reported as one line naming the field, e.g. `config error: es.sigma: must be > 0 (got -1)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from esopt.policies.base import SamplingParams
+
+
+class ConfigError(ValueError):
+    """A bad config, reported in one line."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(Section):
+    name: str = Field("tiny", description="'tiny', 'tiny-sudoku' (warm-started, cached), 'smollm2', a local HF dir or .gguf")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "cpu"
+    seed: int = Field(0, description="init seed of a fresh tiny model (and of the warm start)")
+    warm_start_steps: int = Field(800, ge=1, description="supervised steps of the 'tiny-sudoku' warm start")
+
+
+class EnvSection(Section):
+    id: str = "esopt/Sudoku-v0"
+    kwargs: dict[str, Any] = Field(default_factory=lambda: {"size": 4, "h_star": 10})
+    conversation: Literal["markov", "history"] = "markov"
+    system_prompt: str | None = Field(None, description="None: the env's own instructions")
+
+
+class SamplingSection(Section):
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.8, gt=0, le=1)
+    top_k: int = Field(20, ge=0)
+    max_new_tokens: int = Field(64, ge=1)
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+
+
+class EvalSection(Section):
+    every: int = Field(5, ge=0, description="evaluate every k generations/steps (0: only before and after)")
+    tasks: int = Field(64, ge=1, description="held-out tasks")
+    repeats: int = Field(1, ge=1, description="rollouts per held-out task")
+    seed: int = Field(1_000_003, description="seed of the held-out task set (disjoint stream from training)")
+
+
+class BaseTrainConfig(Section):
+    algo: str
+    seed: int = 0
+    steps: int = Field(100, ge=1, description="generations (ES) or optimisation steps (GRPO/PPO)")
+    model: ModelSection = Field(default_factory=ModelSection)
+    env: EnvSection = Field(default_factory=EnvSection)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    max_batch_size: int | None = Field(None, ge=1, description="cap on episodes per generate call")
+    checkpoint_every: int = Field(10, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    measure_inference_peak: bool = Field(True, description="probe inference-only peak memory for the ratio")
+
+
+class ESSection(Section):
+    population_size: int = Field(32, ge=1)
+    antithetic: bool = False
+    tasks_per_member: int = Field(32, ge=1, description="E: every member runs the same E tasks")
+    sigma: float = Field(1e-3, gt=0)
+    sigma_min: float = Field(2.5e-4, ge=0)
+    sigma_schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    alpha: float = Field(5e-4, ge=0)
+    alpha_min: float = Field(0.0, ge=0)
+    alpha_schedule: Literal["cosine", "constant", "linear"] = "constant"
+    shaping: Literal["zscore", "centered_rank", "identity"] = "zscore"
+    weight_decay: float = Field(0.0, ge=0)
+    scope: Literal["full", "linear", "regex"] = "full"
+    scope_pattern: str | None = None
+    restore: Literal["exact", "subtract"] = "exact"
+    reward: Literal["env", "success", "shaped"] = Field("env", description="member score: env reward, success, or info['shaped_reward']")
+
+    @model_validator(mode="after")
+    def _check(self) -> ESSection:
+        if self.antithetic and self.population_size % 2:
+            raise ValueError(f"antithetic sampling needs an even population_size (got {self.population_size})")
+        if self.sigma_min > self.sigma:
+            raise ValueError(f"sigma_min ({self.sigma_min}) must not exceed sigma ({self.sigma})")
+        if self.scope == "regex" and not self.scope_pattern:
+            raise ValueError("scope 'regex' needs scope_pattern")
+        return self
+
+
+class ESTrainConfig(BaseTrainConfig):
+    algo: Literal["es"] = "es"
+    es: ESSection = Field(default_factory=ESSection)
+
+
+CONFIG_CLASSES: dict[str, type[BaseTrainConfig]] = {"es": ESTrainConfig}
+
+
+def register_config(algo: str, cls: type[BaseTrainConfig]) -> None:
+    CONFIG_CLASSES[algo] = cls
+
+
+def _set_dotted(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config error: cannot set {key!r}: {p!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or key.strip() != key:
+            raise ConfigError(f"config error: override {item!r} must look like key=value (dotted keys for sections)")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((key, value))
+    return out
+
+
+def _one_line(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = f" (got {err['input']!r})" if err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err.get("input"), dict) else ""
+    more = f" [+{len(e.errors()) - 1} more]" if len(e.errors()) > 1 else ""
+    return f"config error: {loc}: {msg}{got}{more}"
+
+
+def build_config(data: dict | None = None, overrides: list[str] | None = None) -> BaseTrainConfig:
+    """Defaults <- file data <- overrides, merged key by key (so `env.kwargs.h_star=5` keeps `size`)."""
+    data = dict(data or {})
+    parsed = parse_overrides(overrides or [])
+    algo = dict(parsed).get("algo", data.get("algo", "es"))
+    if algo not in CONFIG_CLASSES:
+        _load_trainers()
+    if algo not in CONFIG_CLASSES:
+        raise ConfigError(f"config error: algo: unknown algorithm {algo!r}; choose one of {sorted(CONFIG_CLASSES)}")
+    cls = CONFIG_CLASSES[algo]
+    merged = _deep_merge(cls().model_dump(), data)
+    for key, value in parsed:
+        _set_dotted(merged, key, value)
+    try:
+        return cls.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e)) from None
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _load_trainers() -> None:
+    """Importing the trainer modules registers their config classes."""
+    import importlib
+
+    for name in ("grpo", "ppo"):
+        try:
+            importlib.import_module(f"esopt.train.{name}")
+        except ImportError:
+            pass
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> BaseTrainConfig:
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config error: file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            first = str(e).splitlines()[0]
+            raise ConfigError(f"config error: {path} is not valid YAML: {first}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config error: {path} must hold a mapping of fields, got {type(data).__name__}")
+    return build_config(data, overrides)
+
+
+def dump_config(config: BaseTrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,29 @@
+"""Peak memory: peak RSS of this process on CPU, torch.cuda.max_memory_allocated on CUDA."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+
+
+def peak_memory_bytes(device: str | torch.device = "cpu") -> int:
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
+
+
+def reset_peak(device: str | torch.device = "cpu") -> None:
+    """CUDA peaks can be reset; a process's peak RSS cannot (measure CPU phases in separate processes)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
