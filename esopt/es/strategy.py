@@ -160,9 +160,8 @@ class ParameterNoise:
             for j, s, e in self.noise.bounds(flat.numel()):
                 acc = torch.zeros(e - s, dtype=torch.float32, device=p.device)
                 for seed, c in coefs.items():
-                    acc.add_(self.noise.chunk(seed, name, j, e - s, p.device), alpha=c)
-                acc.mul_(step)
-                sq += float(acc.double().square().sum())
+                    acc.add_(self.noise.chunk(seed, name, j, e - s, p.device), alpha=c * step)
+                sq += float(torch.dot(acc, acc))
                 count += e - s
                 chunk = target[s:e]
                 if decay:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from esopt.policies import HFPolicy, load_policy
 from esopt.rollout import Trajectory, run_episodes
 from esopt.train.config import BaseTrainConfig, ModelSection, dump_config
 from esopt.utils.io import save_pretrained_atomic, write_json_atomic
+from esopt.utils.memory import fmt_bytes, peak_memory_bytes
 
 # Training and held-out task seeds come from disjoint ranges, so no held-out seed is ever trained on.
 TRAIN_SEED_RANGE = (0, 2**31)
@@ -174,6 +176,41 @@ class RunDir:
             self._tb.close()
 
 
+# --- progress and summary --------------------------------------------------------------------
+
+@dataclass
+class Timers:
+    """Wall-clock split of ES work: perturb/restore/update (ES overhead) vs rollouts."""
+
+    perturb: float = 0.0
+    restore: float = 0.0
+    rollout: float = 0.0
+    update: float = 0.0
+    eval: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def es_overhead_share(self) -> float:
+        """Share of (perturb + restore + update) in (those + rollouts); the ES overhead goal is <= 10%."""
+        es = self.perturb + self.restore + self.update
+        return es / max(es + self.rollout, 1e-9)
+
+
+def progress_bar(total: int, desc: str, leave: bool = True, initial: int = 0):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=leave, initial=initial, dynamic_ncols=True)
+
+
+def say(msg: str, progress: bool) -> None:
+    if progress:
+        from tqdm.auto import tqdm
+
+        tqdm.write(msg)
+    else:
+        print(msg, flush=True)
+
+
 # --- memory ---------------------------------------------------------------------------------------
 
 def inference_peak_bytes(config: BaseTrainConfig, episodes: int) -> int | None:
@@ -185,3 +222,33 @@ def inference_peak_bytes(config: BaseTrainConfig, episodes: int) -> int | None:
     except (subprocess.SubprocessError, ValueError, IndexError) as e:
         print(f"warning: inference-only memory probe failed: {e}", file=sys.stderr)
         return None
+
+
+def finish(rd: RunDir, policy: HFPolicy, config, timers: Timers, evals: dict, start: int, done: int,
+           seconds: float, interrupted: bool, progress: bool) -> dict:
+    """Final artefacts shared by every trainer: final/ weights, plots, memory ratio, summary.json."""
+    peak = peak_memory_bytes(config.model.device)
+    episodes = getattr(getattr(config, "es", None), "tasks_per_member", None) or getattr(config, "batch_tasks", 1)
+    infer = inference_peak_bytes(config, episodes) if config.measure_inference_peak and not interrupted else None
+    first, last = evals.get(min(evals)) if evals else None, evals.get(max(evals)) if evals else None
+    summary = {
+        "algo": config.algo, "steps_done": done, "steps": config.steps, "interrupted": interrupted,
+        "seconds": seconds, "seconds_per_step": seconds / max(done - start, 1),
+        "time_split": {"perturb": timers.perturb, "restore": timers.restore, "update": timers.update,
+                       "rollout": timers.rollout, "eval": timers.eval,
+                       "es_overhead_share": timers.es_overhead_share},
+        "peak_memory_bytes": peak, "inference_peak_bytes": infer,
+        "memory_ratio": peak / infer if infer else None,
+        "eval_before": first, "eval_after": last,
+    }
+    if not interrupted:
+        rd.save_final(policy, summary)
+    rd.plot()
+    rd.close()
+    ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"
+    if first and last:
+        say(f"done: success {first['success_rate']:.3f} -> {last['success_rate']:.3f}, reward "
+             f"{first['mean_reward']:.3f} -> {last['mean_reward']:.3f} | {seconds:.0f}s | peak {fmt_bytes(peak)}"
+             f" ({config.algo} / inference-only = {ratio}) | ES overhead share {timers.es_overhead_share:.1%}",
+             progress)
+    return summary

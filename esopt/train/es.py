@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -25,10 +25,13 @@ from esopt.policies import HFPolicy, load_policy
 from esopt.rollout import RolloutStats, Trajectory, run_episodes
 from esopt.train.common import (
     RunDir,
+    Timers,
     env_factory,
     evaluate,
-    inference_peak_bytes,
+    finish,
     load_model,
+    progress_bar,
+    say,
     summarize,
     train_task_seeds,
 )
@@ -43,23 +46,6 @@ class MemberResult:
     reward: float
     trajectories: list[Trajectory]
     stats: RolloutStats
-
-
-@dataclass
-class Timers:
-    """Wall-clock split of ES work: perturb/restore/update (ES overhead) vs rollouts."""
-
-    perturb: float = 0.0
-    restore: float = 0.0
-    rollout: float = 0.0
-    update: float = 0.0
-    eval: float = 0.0
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def es_overhead_share(self) -> float:
-        es = self.perturb + self.restore + self.update
-        return es / max(es + self.rollout, 1e-9)
 
 
 class PopulationEvaluator(Protocol):
@@ -86,7 +72,7 @@ class LocalEvaluator:
     def evaluate(self, members: Sequence[Member], task_seeds: list[int], rollout_seed: int) -> list[MemberResult]:
         c = self.config
         results = []
-        bar = _bar(len(members), "members", leave=False) if self.progress else None
+        bar = progress_bar(len(members), "members", leave=False) if self.progress else None
         for m in members:
             t0 = time.perf_counter()
             with self.es.perturbed(m):
@@ -117,21 +103,6 @@ def es_config(config: ESTrainConfig) -> ESConfig:
         scope=ParamScope(e.scope, e.scope_pattern), restore=e.restore, seed=config.seed)
 
 
-def _bar(total: int, desc: str, leave: bool = True, initial: int = 0):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, leave=leave, initial=initial, dynamic_ncols=True)
-
-
-def _say(msg: str, progress: bool) -> None:
-    if progress:
-        from tqdm.auto import tqdm
-
-        tqdm.write(msg)
-    else:
-        print(msg, flush=True)
-
-
 def resume_weights(rd: RunDir, config: ESTrainConfig) -> tuple[HFPolicy, int]:
     """Weights after the last complete generation: newest checkpoint + replay of the ledger tail."""
     records = read_history(rd.history_path) if rd.history_path.exists() else []
@@ -151,7 +122,7 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
     rd = RunDir(out)
     if resume:
         policy, start = resume_weights(rd, config)
-        _say(f"resuming {rd.root} at generation {start}/{config.steps}", progress)
+        say(f"resuming {rd.root} at generation {start}/{config.steps}", progress)
     else:
         if rd.history_path.exists() and rd.history_path.stat().st_size:
             raise FileExistsError(f"{rd.root} already holds a run: use --resume or another --out")
@@ -173,9 +144,9 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
     evals = {r["step"]: r for r in rd.metrics() if r["kind"] == "eval"}
     if start not in evals:
         evals[start] = run_eval(start)
-    _say(f"eval @ {start}: success {evals[start]['success_rate']:.3f} reward {evals[start]['mean_reward']:.3f}", progress)
+    say(f"eval @ {start}: success {evals[start]['success_rate']:.3f} reward {evals[start]['mean_reward']:.3f}", progress)
     t_start, interrupted, gen = time.perf_counter(), False, start
-    bar = _bar(config.steps, "generations", initial=start) if progress else None
+    bar = progress_bar(config.steps, "generations", initial=start) if progress else None
     try:
         for gen in range(start, config.steps):
             t_gen = time.perf_counter()
@@ -206,7 +177,7 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
                 evals[done] = run_eval(done)
                 line += f" | eval success {evals[done]['success_rate']:.3f}"
             line += f" | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
-            _say(line, progress)
+            say(line, progress)
             if done % config.checkpoint_every == 0 and done != config.steps:
                 rd.save_checkpoint(policy, done, {"algo": "es"}, config.keep_checkpoints)
             if bar:
@@ -214,39 +185,9 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
     except KeyboardInterrupt:
         interrupted = True  # the perturbation context already restored the weights
         rd.save_checkpoint(policy, es.generation, {"algo": "es"}, config.keep_checkpoints)
-        _say(f"interrupted: saved generation {es.generation}; resume with `esopt train --resume {rd.root}`", progress)
+        say(f"interrupted: saved generation {es.generation}; resume with `esopt train --resume {rd.root}`", progress)
     finally:
         if bar:
             bar.close()
     return finish(rd, policy, config, timers, evals, start, es.generation, time.perf_counter() - t_start,
                   interrupted, progress)
-
-
-def finish(rd: RunDir, policy: HFPolicy, config, timers: Timers, evals: dict, start: int, done: int,
-           seconds: float, interrupted: bool, progress: bool) -> dict:
-    """Final artefacts shared by every trainer: final/ weights, plots, memory ratio, summary.json."""
-    peak = peak_memory_bytes(config.model.device)
-    episodes = getattr(getattr(config, "es", None), "tasks_per_member", None) or getattr(config, "batch_tasks", 1)
-    infer = inference_peak_bytes(config, episodes) if config.measure_inference_peak and not interrupted else None
-    first, last = evals.get(min(evals)) if evals else None, evals.get(max(evals)) if evals else None
-    summary = {
-        "algo": config.algo, "steps_done": done, "steps": config.steps, "interrupted": interrupted,
-        "seconds": seconds, "seconds_per_step": seconds / max(done - start, 1),
-        "time_split": {"perturb": timers.perturb, "restore": timers.restore, "update": timers.update,
-                       "rollout": timers.rollout, "eval": timers.eval,
-                       "es_overhead_share": timers.es_overhead_share},
-        "peak_memory_bytes": peak, "inference_peak_bytes": infer,
-        "memory_ratio": peak / infer if infer else None,
-        "eval_before": first, "eval_after": last,
-    }
-    if not interrupted:
-        rd.save_final(policy, summary)
-    rd.plot()
-    rd.close()
-    ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"
-    if first and last:
-        _say(f"done: success {first['success_rate']:.3f} -> {last['success_rate']:.3f}, reward "
-             f"{first['mean_reward']:.3f} -> {last['mean_reward']:.3f} | {seconds:.0f}s | peak {fmt_bytes(peak)}"
-             f" ({config.algo} / inference-only = {ratio}) | ES overhead share {timers.es_overhead_share:.1%}",
-             progress)
-    return summary
