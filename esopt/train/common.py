@@ -36,10 +36,8 @@ def cache_dir() -> Path:
 def load_model(section: ModelSection, env_kwargs: dict | None = None) -> HFPolicy:
     """'tiny-sudoku' is a tiny Llama warm-started on solver demos (built once, then cached)."""
     if section.name == "tiny-sudoku":
-        from esopt.train.pretrain import warm_start_path
-
         size = int((env_kwargs or {}).get("size", 4))
-        path = warm_start_path(size=size, steps=section.warm_start_steps, seed=section.seed, cache=cache_dir())
+        path = warm_start_path(size=size, steps=section.warm_start_steps, seed=section.seed)
         return load_policy(str(path), dtype=section.dtype, device=section.device)
     if section.name == "tiny" and section.seed != 0:
         from esopt.policies import build_tiny_model
@@ -47,6 +45,35 @@ def load_model(section: ModelSection, env_kwargs: dict | None = None) -> HFPolic
         model, tok = build_tiny_model(seed=section.seed)
         return HFPolicy(model.to(section.device), tok)
     return load_policy(section.name, dtype=section.dtype, device=section.device)
+
+
+WARM_START_VERSION = 2
+
+
+def warm_start_path(size: int, steps: int, seed: int = 0) -> Path:
+    """A tiny Llama trained `steps` supervised steps on Sudoku solver demos; built once, then cached.
+
+    Steps (not seconds) set the budget so the warm start is the same model on every machine.
+    """
+    path = cache_dir() / f"tiny-sudoku{size}-s{steps}-seed{seed}-v{WARM_START_VERSION}"
+    if (path / "model.safetensors").exists():
+        return path
+    import torch
+
+    from esopt.policies import build_tiny_model
+    from esopt.train.pretrain import pretrain
+
+    print(f"warm start: pretraining the tiny model on {size}x{size} Sudoku demos for {steps} steps "
+          f"(cached in {path})", flush=True)
+    model, tokenizer = build_tiny_model(seed=seed)
+    metrics = pretrain(model, tokenizer, {"size": size}, steps=steps, seed=seed, progress=True)
+    print(f"warm start: per-move accuracy {metrics['initial_accuracy']:.3f} -> {metrics['accuracy']:.3f} "
+          f"in {metrics['seconds']:.0f}s", flush=True)
+    model.eval()
+    with torch.no_grad():
+        save_pretrained_atomic(model, tokenizer, path, extra_files={
+            "warm_start.json": json.dumps({k: v for k, v in metrics.items() if k != "history"}, default=str)})
+    return path
 
 
 def env_factory(config: BaseTrainConfig) -> Callable:

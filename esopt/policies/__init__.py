@@ -1,0 +1,43 @@
+"""Policy backends: `HFPolicy` over any local `transformers` causal LM, the tiny char Llama, SmolLM2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from esopt.policies.base import Generation, Policy, SamplingParams
+from esopt.policies.hf import HFPolicy
+from esopt.policies.smollm2 import smollm2_path
+from esopt.policies.tiny import TinyConfig, build_char_tokenizer, build_tiny_model
+
+__all__ = [
+    "Generation",
+    "HFPolicy",
+    "Policy",
+    "SamplingParams",
+    "TinyConfig",
+    "build_char_tokenizer",
+    "build_tiny_model",
+    "load_policy",
+    "smollm2_path",
+]
+
+
+def load_policy(
+    spec: str, dtype: str = "float32", device: str = "cpu", cache_dir: str | Path | None = None
+) -> HFPolicy:
+    """Build a policy from a spec: "tiny" (fresh random tiny Llama, seed 0), "smollm2", a local HF
+    model dir, or a `.gguf` file path."""
+    from esopt.policies.hf import resolve_device, resolve_dtype
+
+    if spec == "tiny":
+        model, tokenizer = build_tiny_model(seed=0)
+        model = model.to(device=resolve_device(device), dtype=resolve_dtype(dtype))
+        return HFPolicy(model, tokenizer)
+    if spec == "smollm2":
+        return HFPolicy.from_pretrained(smollm2_path(cache_dir), dtype=dtype, device=device)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"unknown policy {spec!r}: use 'tiny', 'smollm2', a local model directory or a .gguf file"
+        )
+    return HFPolicy.from_pretrained(path, dtype=dtype, device=device)

@@ -1,0 +1,267 @@
+"""The multi-turn rollout engine shared by ES, GRPO and PPO.
+
+All episodes run in lockstep: each turn, every still-active episode's prompt goes into ONE batched
+`policy.generate` call (chunked by `max_batch_size`), then each env steps on its completion text.
+The sampling seed of a turn is derived from (seed, turn, chunk), so the same (task_seeds, seed) gives
+identical trajectories for identical weights: ES evaluates every population member on the same
+tasks with the same seeds (common random numbers).
+
+Two conversation modes:
+- "markov": the prompt is [system, user(current observation)] every turn;
+- "history": the prompt is the whole chat so far (system, user obs, assistant text, user obs, ...).
+
+Generated token ids are kept exactly as produced (the RL baselines need them for log-prob ratios).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from esopt.policies.base import Generation, Policy, SamplingParams
+
+Message = dict[str, str]
+
+
+@dataclass
+class Turn:
+    """One agent turn: the prompt it saw, what it generated, and what the env answered."""
+
+    prompt: str
+    prompt_ids: list[int]
+    token_ids: list[int]  # generated ids, exactly as produced (EOS kept if produced)
+    text: str
+    logprobs: list[float] | None
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+@dataclass
+class Trajectory:
+    """One episode on one task seed."""
+
+    task_seed: int
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0  # sum of turn rewards
+    success: bool = False  # `is_success` of the last info
+    num_turns: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    @property
+    def terminated(self) -> bool:
+        return bool(self.turns) and self.turns[-1].terminated
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.turns) and self.turns[-1].truncated
+
+    @property
+    def actions(self) -> list[str]:
+        return [t.text for t in self.turns]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.turns]
+
+    @property
+    def valid_action_rate(self) -> float:
+        """Fraction of turns whose action the env accepted (`action_is_valid`); 0 for no turns."""
+        if not self.turns:
+            return 0.0
+        return sum(bool(t.info.get("action_is_valid", False)) for t in self.turns) / len(self.turns)
+
+    def add(self, turn: Turn) -> None:
+        self.turns.append(turn)
+        self.reward += float(turn.reward)
+        self.success = bool(turn.info.get("is_success", False))
+        self.num_turns += 1
+        self.prompt_tokens += len(turn.prompt_ids)
+        self.generated_tokens += len(turn.token_ids)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly summary (no per-token data)."""
+        return {
+            "task_seed": self.task_seed,
+            "reward": self.reward,
+            "success": self.success,
+            "num_turns": self.num_turns,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "actions": self.actions,
+        }
+
+
+@dataclass
+class RolloutStats:
+    episodes: int = 0
+    turns: int = 0  # agent turns summed over episodes
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    seconds: float = 0.0  # wall clock of the whole rollout
+    generate_seconds: float = 0.0  # time inside policy.generate
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per wall-clock second of the whole rollout (env and prompts included)."""
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def generate_tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of rollout time spent outside policy.generate (envs, prompt building, bookkeeping)."""
+        return 1.0 - self.generate_seconds / self.seconds if self.seconds > 0 else 0.0
+
+
+def turn_seed(seed: int, turn: int, chunk: int = 0) -> int:
+    """The sampling seed of one generate call, derived from (seed, turn, chunk)."""
+    state = np.random.SeedSequence([seed % 2**64, turn, chunk]).generate_state(1, np.uint64)[0]
+    return int(state) >> 1  # fits torch.manual_seed and signed 64-bit
+
+
+def resolve_system_prompt(env: gym.Env, system_prompt: str | None) -> str | None:
+    """The explicit system prompt, else the env's `instructions` (None if it has none)."""
+    if system_prompt is not None:
+        return system_prompt
+    return getattr(env.unwrapped, "instructions", None)
+
+
+def markov_messages(system_prompt: str | None, obs: str) -> list[Message]:
+    """[system, user(obs)]; the system message is left out when there is no (or an empty) prompt."""
+    messages: list[Message] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": obs})
+    return messages
+
+
+def build_markov_prompt(policy: Policy, system_prompt: str | None, obs: str) -> str:
+    """The exact prompt the engine builds in markov mode (reuse it for supervised targets)."""
+    return policy.build_prompt(markov_messages(system_prompt, obs))
+
+
+class _Episode:
+    """Book-keeping of one live episode."""
+
+    def __init__(self, env: gym.Env, task_seed: int, system_prompt: str | None, conversation: str) -> None:
+        self.env = env
+        self.system_prompt = system_prompt
+        self.conversation = conversation
+        self.trajectory = Trajectory(task_seed=task_seed)
+        self.done = False
+        obs, _ = env.reset(seed=task_seed)
+        self.obs = str(obs)
+        self.history: list[Message] = markov_messages(system_prompt, self.obs)
+
+    def messages(self) -> list[Message]:
+        if self.conversation == "history":
+            return self.history
+        return markov_messages(self.system_prompt, self.obs)
+
+    def step(self, prompt: str, gen: Generation, max_turns: int | None) -> None:
+        obs, reward, terminated, truncated, info = self.env.step(gen.text)
+        self.obs = str(obs)
+        if max_turns is not None and self.trajectory.num_turns + 1 >= max_turns and not terminated:
+            truncated = True
+        turn = Turn(
+            prompt=prompt,
+            prompt_ids=list(gen.prompt_ids),
+            token_ids=list(gen.token_ids),
+            text=gen.text,
+            logprobs=None if gen.logprobs is None else list(gen.logprobs),
+            reward=float(reward),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=dict(info),
+        )
+        self.trajectory.add(turn)
+        self.done = turn.done
+        if self.conversation == "history" and not self.done:
+            self.history.append({"role": "assistant", "content": gen.text})
+            self.history.append({"role": "user", "content": self.obs})
+
+
+def run_episodes(
+    policy: Policy,
+    env_factory: Callable[[], gym.Env],
+    task_seeds: list[int],
+    sampling: SamplingParams,
+    *,
+    seed: int = 0,
+    conversation: Literal["markov", "history"] = "markov",
+    system_prompt: str | None = None,
+    return_logprobs: bool = False,
+    max_batch_size: int | None = None,
+    max_turns: int | None = None,
+    progress: bool = False,
+) -> tuple[list[Trajectory], RolloutStats]:
+    """Run one episode per task seed in lockstep; trajectories come back in task_seeds order.
+
+    system_prompt None => each env's `unwrapped.instructions`. max_turns (optional) truncates episodes
+    the env itself would not end; normally the env's own turn cap ends them.
+    """
+    if conversation not in ("markov", "history"):
+        raise ValueError(f"conversation must be 'markov' or 'history', got {conversation!r}")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+    start = time.perf_counter()
+    stats = RolloutStats(episodes=len(task_seeds))
+    envs: list[gym.Env] = []
+    bar = None
+    try:
+        episodes = []
+        for task_seed in task_seeds:
+            env = env_factory()
+            envs.append(env)
+            system = resolve_system_prompt(env, system_prompt)
+            episodes.append(_Episode(env, int(task_seed), system, conversation))
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(desc="rollout", unit="turn", leave=False)
+        turn = 0
+        while active := [e for e in episodes if not e.done]:
+            prompts = [policy.build_prompt(e.messages()) for e in active]
+            chunk = max_batch_size or len(active)
+            gens = []
+            t0 = time.perf_counter()
+            for c, lo in enumerate(range(0, len(active), chunk)):
+                gens += policy.generate(
+                    prompts[lo : lo + chunk],
+                    sampling,
+                    seed=turn_seed(seed, turn, c),
+                    return_logprobs=return_logprobs,
+                )
+            stats.generate_seconds += time.perf_counter() - t0
+            if len(gens) != len(active):
+                raise RuntimeError(f"policy returned {len(gens)} generations for {len(active)} prompts")
+            for episode, prompt, gen in zip(active, prompts, gens):
+                episode.step(prompt, gen, max_turns)
+            turn += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(active=len(active))
+    finally:
+        if bar is not None:
+            bar.close()
+        for env in envs:
+            env.close()
+    trajectories = [e.trajectory for e in episodes]
+    for traj in trajectories:
+        stats.turns += traj.num_turns
+        stats.generated_tokens += traj.generated_tokens
+        stats.prompt_tokens += traj.prompt_tokens
+    stats.seconds = time.perf_counter() - start
+    return trajectories, stats

