@@ -94,6 +94,15 @@ def heldout_task_seeds(config: BaseTrainConfig) -> list[int]:
     return [HELDOUT_SEED_BASE + int(s) for s in rng.integers(0, 2**30, size=config.eval.tasks)]
 
 
+def trajectory_score(t: Trajectory, kind: str) -> float:
+    """One episode's scalar: the env reward, binary success, or the env's shaped reward."""
+    if kind == "success":
+        return float(t.success)
+    if kind == "shaped":
+        return float(t.turns[-1].info.get("shaped_reward", 0.0)) if t.turns else 0.0
+    return float(t.reward)
+
+
 def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     n = max(len(trajectories), 1)
     return {
@@ -167,14 +176,17 @@ class RunDir:
 
     def drop_metrics_from(self, step: int) -> None:
         """On resume, forget rows of steps that will be redone."""
-        keep = [r for r in self.metrics() if r["step"] < step or (r["kind"] == "eval" and r["step"] <= step)]
+        keep = [r for r in self.metrics() if r["step"] <= step]
         from esopt.utils.io import write_text_atomic
 
         write_text_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
 
-    def save_checkpoint(self, policy: HFPolicy, step: int, state: dict, keep: int) -> Path:
+    def save_checkpoint(self, policy: HFPolicy, step: int, state: dict, keep: int,
+                        extra_files: dict | None = None) -> Path:
+        """Atomic HF checkpoint + trainer_state.json (+ extra files, e.g. optimizer state)."""
+        files = {**(extra_files or {}), "trainer_state.json": json.dumps({"step": step, **state})}
         out = save_pretrained_atomic(policy.model, policy.tokenizer, self.checkpoints / f"step_{step:06d}",
-                                     extra_files={"trainer_state.json": json.dumps({"step": step, **state})})
+                                     extra_files=files)
         for old in sorted(self.checkpoints.glob("step_*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return out
@@ -273,9 +285,11 @@ def finish(rd: RunDir, policy: HFPolicy, config, timers: Timers, evals: dict, st
     rd.plot()
     rd.close()
     ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"
+    share = (f"ES overhead share {timers.es_overhead_share:.1%}" if config.algo == "es" else
+             f"update share {timers.update / max(timers.update + timers.rollout, 1e-9):.1%}")
     if first and last:
         say(f"done: success {first['success_rate']:.3f} -> {last['success_rate']:.3f}, reward "
              f"{first['mean_reward']:.3f} -> {last['mean_reward']:.3f} | {seconds:.0f}s | peak {fmt_bytes(peak)}"
-             f" ({config.algo} / inference-only = {ratio}) | ES overhead share {timers.es_overhead_share:.1%}",
+             f" ({config.algo} / inference-only = {ratio}) | {share}",
              progress)
     return summary

@@ -34,6 +34,7 @@ from esopt.train.common import (
     say,
     summarize,
     train_task_seeds,
+    trajectory_score,
 )
 from esopt.train.config import ESTrainConfig
 from esopt.utils.memory import fmt_bytes, peak_memory_bytes
@@ -53,12 +54,8 @@ class PopulationEvaluator(Protocol):
 
 
 def member_score(trajectories: list[Trajectory], kind: str) -> float:
-    """Mean episode score of one member: the env reward, binary success, or the shaped reward."""
-    if kind == "success":
-        return float(np.mean([t.success for t in trajectories]))
-    if kind == "shaped":
-        return float(np.mean([t.turns[-1].info.get("shaped_reward", 0.0) if t.turns else 0.0 for t in trajectories]))
-    return float(np.mean([t.reward for t in trajectories]))
+    """Mean episode score of one member (see `trajectory_score`)."""
+    return float(np.mean([trajectory_score(t, kind) for t in trajectories]))
 
 
 class LocalEvaluator:

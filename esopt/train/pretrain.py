@@ -187,7 +187,8 @@ def _train_loop(
     device = policy.device
     scores = move_scores(policy, held_out)
     initial = scores["exact"]
-    history = [{"step": 0, "seconds": 0.0, "loss": None, "accuracy": initial, "correct": scores["correct"]}]
+    initial_correct = scores["correct"]
+    history = [{"step": 0, "seconds": 0.0, "loss": None, "accuracy": initial, "correct": initial_correct}]
     if progress:
         print(f"pretrain: step 0 accuracy {initial:.3f} correct {scores['correct']:.3f}", flush=True)
     start, step, loss_avg, reason = time.perf_counter(), 0, None, "steps"
@@ -240,6 +241,7 @@ def _train_loop(
         "seconds": elapsed,
         "steps_per_second": step / elapsed if elapsed > 0 else 0.0,
         "initial_accuracy": initial,
+        "initial_correct_move_rate": initial_correct,
         "accuracy": accuracy,
         "correct_move_rate": scores["correct"],
         "loss": loss_avg,
@@ -304,6 +306,7 @@ def main_pretrain(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=30, help="linear lr warm-up")
     ap.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm (0 disables)")
     ap.add_argument("--eval-every", type=int, default=50, help="steps between held-out accuracy checks")
+    ap.add_argument("--eval-states", type=int, default=256, help="held-out states for per-move accuracy")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-h-stars", type=int, nargs="*", default=[5, 10, 15],
                     help="H* values for the multi-turn success check")  # fmt: skip
@@ -316,7 +319,7 @@ def main_pretrain(argv: list[str] | None = None) -> int:
         model, tokenizer, {"size": args.size}, steps=args.steps, seconds=args.seconds,
         target_accuracy=args.target_accuracy, seed=args.seed, h_star_range=tuple(args.h_star_range),
         batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps, grad_clip=args.grad_clip,
-        eval_every=args.eval_every,
+        eval_every=args.eval_every, eval_states=args.eval_states,
     )  # fmt: skip
     print(
         f"per-move accuracy {metrics['initial_accuracy']:.3f} -> {metrics['accuracy']:.3f} after "

@@ -24,8 +24,11 @@ def write_json_atomic(path: str | Path, data) -> None:
     write_text_atomic(path, json.dumps(data, indent=2))
 
 
-def save_pretrained_atomic(model, tokenizer, out: str | Path, extra_files: dict[str, str] | None = None) -> Path:
-    """save_pretrained into a temp dir beside `out`, then rename it into place (HF-loadable dir)."""
+def save_pretrained_atomic(model, tokenizer, out: str | Path, extra_files: dict | None = None) -> Path:
+    """save_pretrained into a temp dir beside `out`, then rename it into place (HF-loadable dir).
+
+    extra_files maps a file name to its text, its bytes, or a function that writes it given the path.
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
@@ -33,8 +36,13 @@ def save_pretrained_atomic(model, tokenizer, out: str | Path, extra_files: dict[
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
+        for name, content in (extra_files or {}).items():
+            if callable(content):
+                content(tmp / name)
+            elif isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                (tmp / name).write_text(content, encoding="utf-8")
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,176 @@
+"""Shared policy-gradient machinery: masks, batching, log-probs, losses, optimisation, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from esopt.policies import HFPolicy, SamplingParams, build_tiny_model
+from esopt.rollout import Trajectory, Turn
+from esopt.train.common import RunDir
+from esopt.train.pg import (
+    STATE_FILE,
+    Norm,
+    PGSection,
+    TurnSample,
+    aggregate,
+    batch_logprobs,
+    collate,
+    kl_k3,
+    latest_pg_checkpoint,
+    make_optimizer,
+    minibatch_norm,
+    optimize,
+    policy_loss,
+    save_checkpoint,
+    shuffle_generator,
+    token_logprobs,
+    turn_samples,
+)
+
+PAD = 0
+
+
+def make_turn(prompt_ids, token_ids, reward=0.0, done=False, **info) -> Turn:
+    return Turn(prompt="p", prompt_ids=list(prompt_ids), token_ids=list(token_ids), text="t", logprobs=None,
+                reward=reward, terminated=done, truncated=False, info=info)
+
+
+def test_collate_mask_covers_exactly_generated_tokens():
+    samples = [TurnSample([5, 6, 7], [8, 9]), TurnSample([5], [8, 9, 10]), TurnSample([5, 6], [])]
+    b = collate(samples, PAD)
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 8, 9, 10, 0], [5, 6, 0, 0, 0]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]]
+    # mask position t scores target input_ids[:, t+1]: exactly the generated ids, never prompt or padding
+    assert b.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0]]
+    targets = b.input_ids[:, 1:]
+    assert [targets[i][b.mask[i].bool()].tolist() for i in range(3)] == [[8, 9], [8, 9, 10], []]
+    assert b.prompt_last.tolist() == [2, 0, 1]
+    assert b.lengths.tolist() == [5, 4, 2]
+    part = b.select(torch.tensor([2]))  # trimmed to its own length
+    assert part.input_ids.shape == (1, 2) and part.mask.shape == (1, 1)
+
+
+def test_turn_samples_drop_empty_generations_unless_asked():
+    t = Trajectory(task_seed=0)
+    t.add(make_turn([1, 2], [3]))
+    t.add(make_turn([1, 2], []))  # model output is untrusted: an empty generation
+    t.add(make_turn([1, 4], [5, 6], done=True))
+    kept = turn_samples([t], [[0.1, 0.2, 0.3]])
+    assert [(s.turn, s.advantage) for s in kept] == [(0, 0.1), (2, 0.3)]
+    assert len(turn_samples([t], [[0.1, 0.2, 0.3]], keep_empty=True)) == 3
+    with pytest.raises(ValueError, match="advantages"):
+        turn_samples([t], [[0.1]])
+
+
+def test_token_logprobs_match_the_generation_logprobs():
+    """Right-padded teacher forcing reproduces the left-padded sampler's log-probs (same temperature)."""
+    model, tok = build_tiny_model(seed=3)
+    policy = HFPolicy(model, tok)
+    sampling = SamplingParams(temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=6)
+    gens = policy.generate(["1 .2\n>", "12 34 .1\n>"], sampling, seed=5, return_logprobs=True)
+    batch = collate([TurnSample(g.prompt_ids, g.token_ids) for g in gens], tok.pad_token_id)
+    lp = batch_logprobs(model, batch, 0.7, micro=1)
+    for i, g in enumerate(gens):
+        got = lp[i][batch.mask[i].bool()]
+        assert torch.allclose(got, torch.tensor(g.logprobs), atol=1e-4)
+    with torch.no_grad():
+        assert torch.allclose(token_logprobs(model, batch, 0.7) * batch.mask, lp, atol=1e-5)
+
+
+def _batch_with(logp_old, adv, mask):
+    b = collate([TurnSample([1], [2] * logp_old.shape[1]) for _ in range(logp_old.shape[0])], PAD)
+    b.mask, b.old_logprobs, b.advantages = mask, logp_old, adv
+    return b
+
+
+def test_policy_loss_unclipped_clipped_and_kl():
+    sec = PGSection(clip_eps=0.2, kl_beta=0.0)
+    old = torch.zeros(2, 2)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    b = _batch_with(old, torch.tensor([1.0, -2.0]), mask)
+    norm = minibatch_norm(b, torch.arange(2))
+    loss, stats = policy_loss(old.clone(), b, sec, norm)  # ratio 1: loss = -mean token advantage
+    assert loss.item() == pytest.approx(-(1 + 1 - 2) / 3)
+    assert stats["clipfrac"] == (0.0, 3.0) and stats["approx_kl"][0] == pytest.approx(0.0)
+    logp = torch.full((2, 2), math.log(1.5))  # ratio 1.5: A>0 clipped at 1.2; A<0 takes the worse 1.5
+    loss, stats = policy_loss(logp, b, sec, norm)
+    assert loss.item() == pytest.approx(-(1.2 + 1.2 - 2 * 1.5) / 3)
+    assert stats["clipfrac"] == (3.0, 3.0)
+    sec_kl = PGSection(kl_beta=0.5)
+    b.ref_logprobs = torch.zeros(2, 2)
+    loss_kl, stats = policy_loss(logp, b, sec_kl, norm)
+    k3 = math.exp(-math.log(1.5)) + math.log(1.5) - 1
+    assert stats["kl"][0] / stats["kl"][1] == pytest.approx(k3)
+    assert loss_kl.item() == pytest.approx(loss.item() + 0.5 * k3)
+
+
+def test_kl_k3_is_nonnegative_and_masked_padding_never_overflows():
+    logp = torch.tensor([[-1.0, -5.0, 80.0]])
+    ref = torch.tensor([[-1.0, -2.0, -90.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    kl = kl_k3(logp, ref, mask)
+    assert kl[0, 0] == 0 and kl[0, 1] > 0 and kl[0, 2] == 0 and torch.isfinite(kl).all()
+    b = _batch_with(torch.tensor([[0.0, 0.0, -100.0]]), torch.tensor([1.0]), mask)
+    loss, _ = policy_loss(logp, b, PGSection(), minibatch_norm(b, torch.arange(1)))
+    assert torch.isfinite(loss)
+
+
+def test_aggregate_token_vs_seq_mean_and_accumulation_equals_full_batch():
+    x = torch.tensor([[1.0, 3.0, 0.0], [5.0, 0.0, 0.0], [7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    norm = Norm(tokens=3, seqs=2, samples=3)
+    assert aggregate(x, mask, "token_mean", norm).item() == pytest.approx((1 + 3 + 5) / 3)
+    assert aggregate(x, mask, "seq_mean", norm).item() == pytest.approx((2 + 5) / 2)  # empty row adds nothing
+    for agg in ("token_mean", "seq_mean"):
+        parts = sum(aggregate(x[i : i + 1], mask[i : i + 1], agg, norm) for i in range(3))
+        assert parts.item() == pytest.approx(aggregate(x, mask, agg, norm).item())
+
+
+def test_optimize_skips_a_step_with_nonfinite_gradient():
+    w = torch.nn.Parameter(torch.ones(3))
+    sec = PGSection(lr=0.1, minibatch_size=2, micro_batch_size=1)
+    opt = make_optimizer([("policy", [w], sec.lr)], sec)
+    b = collate([TurnSample([1], [2]), TurnSample([1], [3])], PAD)
+
+    def bad_loss(part, norm):
+        return (w * float("nan")).sum(), {}
+
+    out = optimize(b, bad_loss, opt, sec, shuffle_generator(0, 0))
+    assert out["skipped_steps"] == 1 and torch.equal(w.detach(), torch.ones(3))
+
+    def good_loss(part, norm):
+        return (w ** 2).sum() / norm.samples, {"x": (1.0, 1.0)}
+
+    out = optimize(b, good_loss, opt, sec, shuffle_generator(0, 0))
+    assert out["optimizer_steps"] == 1 and out["grad_norm"] == pytest.approx(2 * math.sqrt(3))
+    assert (w.detach() < 1).all()
+
+
+def test_shuffle_generator_is_deterministic_per_seed_and_step():
+    a = torch.randperm(20, generator=shuffle_generator(1, 4))
+    assert torch.equal(a, torch.randperm(20, generator=shuffle_generator(1, 4)))
+    assert not torch.equal(a, torch.randperm(20, generator=shuffle_generator(1, 5)))
+
+
+def test_checkpoint_holds_state_and_resume_skips_incomplete_ones(tmp_path):
+    model, tok = build_tiny_model()
+    policy = HFPolicy(model, tok)
+    rd = RunDir(tmp_path)
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = make_optimizer([("policy", [w], 1e-3)], PGSection())
+    w.grad = torch.ones(2)
+    opt.step()
+    save_checkpoint(rd, policy, 3, "grpo", {"optimizer": opt.state_dict()}, keep=2)
+    path = rd.checkpoints / "step_000003"
+    assert (path / STATE_FILE).exists() and (path / "model.safetensors").exists()
+    assert not list(rd.checkpoints.glob(".*"))  # no temp dirs left behind
+    state = torch.load(path / STATE_FILE, weights_only=True)
+    assert state["optimizer"]["param_groups"][0]["name"] == "policy"
+    # a checkpoint dir without the trainer state (e.g. written by another tool) is never resumed from
+    broken = rd.checkpoints / "step_000005"
+    broken.mkdir()
+    (broken / "trainer_state.json").write_text('{"step": 5}')
+    assert latest_pg_checkpoint(rd) == (3, path)
