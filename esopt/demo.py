@@ -19,7 +19,6 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False) -> int:
 
     import torch
 
-    from esopt.train.common import load_model
     from esopt.train.config import load_config
     from esopt.train.es import train
     from esopt.utils.memory import fmt_bytes
@@ -34,7 +33,15 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False) -> int:
     env = config.env.kwargs
     print(f"agentic-esopt demo: ES fine-tuning of a warm-started tiny Llama on {env['size']}x{env['size']} Sudoku, "
           f"H*={env['h_star']} (turn cap {3 * env['h_star']}), T={config.sampling.temperature}")
-    load_model(config.model, env)  # builds and caches the warm start on first use
+    # Build (or find) the cached warm start in a child process, so the supervised pretraining's
+    # backprop memory does not count in this process's peak (the ES / inference-only ratio).
+    import subprocess
+    import sys
+
+    code = ("import sys; from esopt.train.common import warm_start_path; "
+            "warm_start_path(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
+    subprocess.run([sys.executable, "-c", code, str(env["size"]), str(config.model.warm_start_steps),
+                    str(config.model.seed)], check=True)
     t_warm = time.perf_counter() - t0
     summary = train(config, out, progress=True)
     before, after = summary["eval_before"], summary["eval_after"]

@@ -142,3 +142,13 @@ def test_overrides_merge_into_nested_defaults():
 def test_shipped_configs_validate():
     for path in sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml")):
         load_config(path)
+
+
+def test_quick_demo_prints_the_before_after_table(tmp_path, capsys):
+    from esopt.demo import run_demo
+
+    assert run_demo(out=tmp_path / "demo", quick=True) == 0
+    out = capsys.readouterr().out
+    assert "success rate" in out and "ES fine-tuned" in out and "ES / inference-only" in out
+    assert (tmp_path / "demo" / "final" / "model.safetensors").exists()
+    assert (tmp_path / "demo" / "plots" / "eval.png").exists()
