@@ -121,6 +121,15 @@ def _bench(args: argparse.Namespace) -> int:
     return importlib.import_module(names[args.which]).main(args.rest) or 0
 
 
+def _analyze(args: argparse.Namespace) -> int:
+    import importlib
+
+    names = {"variance": "esopt.bench.variance"}
+    if args.which not in names:
+        raise ValueError(f"unknown analysis {args.which!r}; choose one of {sorted(names)}")
+    return importlib.import_module(names[args.which]).main(args.rest) or 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="esopt", description="Evolution strategies for multi-turn LLM agents.",
                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("which")
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
+
+    a = sub.add_parser("analyze", help="analyses: variance (pass -h after the name)")
+    a.add_argument("which")
+    a.add_argument("rest", nargs=argparse.REMAINDER)
+    a.set_defaults(func=_analyze)
     return p
 
 

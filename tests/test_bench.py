@@ -1,0 +1,132 @@
+"""The horizon benchmark (ES vs GRPO vs PPO, matched budgets) and the gradient-variance analysis, end to end
+on their smoke presets, plus the pure helpers on synthetic data."""
+
+import json
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from esopt.bench import horizon, variance
+from esopt.cli import main as cli_main
+from esopt.train.config import load_config
+
+
+def test_projection_stats_recover_a_known_variance():
+    # g_r = mu + s * z_r, z ~ N(0, I): any unit direction has Var(u.g) = s^2, trace(Cov)/D = s^2
+    dim, s, reps = 64, 0.5, 400
+    gen = torch.Generator().manual_seed(1)
+    mu = torch.randn(dim, generator=gen)
+    stats = variance.ProjectionStats(dim, directions=32, seed=0)
+    for _ in range(reps):
+        stats.add(mu + s * torch.randn(dim, generator=gen))
+    r = stats.result()
+    assert r["repeats"] == reps
+    assert abs(r["var"] - s**2) < 0.15 * s**2
+    assert abs(r["trace_per_dim"] - s**2) < 0.05 * s**2
+    signal = float(mu.square().sum())
+    assert abs(r["signal_sq"] - signal) < 0.1 * signal
+    assert abs(r["nsr"] - dim * s**2 / signal) < 0.15 * dim * s**2 / signal
+    assert math.isclose(r["rel_var"], r["var"] / (r["mean_sq_norm"] / dim))
+    u = variance.random_directions(dim, 8, seed=3)
+    assert torch.allclose(u.norm(dim=1), torch.ones(8)) and torch.equal(u, variance.random_directions(dim, 8, seed=3))
+    # a zero-mean estimator: its signal is not resolved, never a huge finite ratio
+    zero = variance.ProjectionStats(4, 2, 0)
+    zero.add(torch.tensor([1.0, 0, 0, 0]))
+    zero.add(torch.zeros(4))
+    assert zero.result()["nsr"] == math.inf
+
+
+def test_fits_recover_slopes_and_baselines_center():
+    hs = [2, 4, 6, 8]
+    f = variance.fits(hs, [0.3 * h for h in hs])  # var linear in H*: exponent 1
+    assert math.isclose(f["log_var_vs_log_h"]["slope"], 1.0, rel_tol=1e-9)
+    assert math.isclose(f["var_vs_h"]["slope"], 0.3, rel_tol=1e-9)
+    f = variance.fits(hs, [math.exp(0.5 * h) for h in hs])
+    assert math.isclose(f["log_var_vs_h"]["slope"], 0.5, rel_tol=1e-9) and math.isclose(f["log_var_vs_h"]["r2"], 1.0)
+    adv = variance.baseline_advantages([1.0, 3.0, 0.0, 2.0], group=2)
+    assert adv.tolist() == [-1.0, 1.0, -1.0, 1.0]
+    assert variance.baseline_advantages([1.0, 3.0, 0.0, 2.0], group=1).tolist() == [-0.5, 1.5, -1.5, 0.5]
+
+
+def test_horizon_plan_options_and_matched_budget_checks():
+    parse = horizon.build_parser().parse_args
+    plan = horizon.plan_from_args(parse(["--size", "smoke"]))  # preset alias
+    assert plan.steps == horizon.PRESETS["smoke"]["steps"] and plan.size == 4
+    plan = horizon.plan_from_args(parse(["--size", "6", "--episodes-per-step", "48", "--population", "12",
+                                         "--group-size", "6", "--methods", "es", "ppo", "--set", "es.sigma=0.01"]))
+    assert plan.size == 6 and plan.methods == ["es", "ppo"]
+    configs = {m: horizon.run_config(plan, m, 10, 0) for m in horizon.METHODS}
+    assert {m: horizon.episodes_per_step(c) for m, c in configs.items()} == {"es": 48, "grpo": 48, "ppo": 48}
+    assert configs["es"].es.sigma == 0.01 and configs["es"].es.tasks_per_member == 4
+    assert configs["grpo"].grpo.tasks_per_step == 8 and configs["ppo"].ppo.tasks_per_step == 48
+    assert len({c.sampling.model_dump_json() for c in configs.values()}) == 1
+    assert configs["ppo"].env.kwargs["size"] == 6
+    for bad in (["--episodes-per-step", "30"], ["--population", "5"], ["--h-stars", "17"], ["--size", "big"]):
+        with pytest.raises(ValueError):
+            horizon.plan_from_args(parse(bad))
+    with pytest.raises(ValueError, match="matched"):  # an override must not unmatch the budget
+        horizon.run_config(horizon.plan_from_args(parse(["--set", "es.population_size=4"])), "es", 5, 0)
+
+
+def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypatch):
+    import esopt.train.es as es_mod
+    import esopt.train.pg as pg_mod
+
+    current, episodes = {}, Counter()  # training episodes rolled out, per run
+    for mod in (es_mod, pg_mod):  # training rollouts only (held-out evals go through train.common)
+        def counted(*args, _orig=mod.run_episodes, **kwargs):
+            episodes[current["run"]] += len(args[2])
+            return _orig(*args, **kwargs)
+
+        monkeypatch.setattr(mod, "run_episodes", counted)
+    orig_train = horizon._train_in_process
+
+    def train_one(run, resume, progress):
+        current["run"] = run.name
+        return orig_train(run, resume, progress)
+
+    monkeypatch.setattr(horizon, "_train_in_process", train_one)
+
+    assert horizon.main(["--preset", "smoke", "--out", str(tmp_path)]) == 0
+    plan = horizon.Plan(**horizon.PRESETS["smoke"])
+    md = (tmp_path / "horizon.md").read_text()
+    assert (tmp_path / "horizon.png").stat().st_size > 0
+    assert "Held-out success" in md and "Peak memory" in md and "generated tokens/step" in md
+    names = {horizon.run_name(m, h, s) for m in horizon.METHODS for h in plan.h_stars for s in plan.seeds}
+    assert names == {p.name for p in (tmp_path / "horizon").iterdir()}
+    for name in names:
+        run = tmp_path / "horizon" / name
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["steps_done"] == plan.steps and summary["eval_after"] is not None
+        assert (run / "plots" / "eval.png").exists()
+        # matched budget: from the config, and from the episodes really rolled out in training
+        assert horizon.episodes_per_step(load_config(run / "config.yaml")) == plan.episodes_per_step
+        assert episodes[name] == plan.steps * plan.episodes_per_step, name
+    results = horizon.load_results(plan, tmp_path)
+    assert {r.episodes_per_step for r in results} == {plan.episodes_per_step}
+    # same sampling for every method
+    assert len({load_config(tmp_path / "horizon" / n / "config.yaml").sampling.model_dump_json()
+                for n in names}) == 1
+
+    # --resume skips finished runs; without it an existing run directory is an error, not an overwrite
+    assert horizon.main(["--preset", "smoke", "--out", str(tmp_path), "--resume", "--methods", "es"]) == 0
+    assert cli_main(["bench", "horizon", "--preset", "smoke", "--out", str(tmp_path)]) == 2
+
+
+def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
+    assert cli_main(["analyze", "variance", "--smoke", "--quiet", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "variance.json").read_text())
+    assert (tmp_path / "variance.md").exists() and (tmp_path / "variance.png").stat().st_size > 0
+    smoke = variance.Setup(**variance.SMOKE)
+    assert {(r["method"], r["h_star"]) for r in result["rows"]} == {(m, h) for m in variance.METHODS
+                                                                    for h in smoke.h_stars}
+    for r in result["rows"]:
+        assert math.isfinite(r["var"]) and r["var"] > 0, r
+        assert r["episodes_per_estimate"] == (smoke.batch if r["method"] == "pg"
+                                              else smoke.members * smoke.member_episodes)
+    for m in variance.METHODS:
+        f = result["fits"][m]["var"]
+        assert math.isfinite(f["log_var_vs_h"]["slope"]) and math.isfinite(f["var_vs_h"]["slope"]), f
+    assert cli_main(["analyze", "nope"]) == 2
