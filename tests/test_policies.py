@@ -229,3 +229,19 @@ def test_smollm2_policy(smollm2_dir):
     assert g.token_ids[-1] in pol.eos_token_ids and len(g.logprobs) == len(g.token_ids)
     batch = pol.generate([prompt, pol.build_prompt(messages[1:])], greedy)
     assert batch[0].token_ids == g.token_ids  # left padding does not change the greedy result
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_direct_matches_converted(smollm2_dir):
+    """load_policy on the .gguf path dequantizes like the conversion: same greedy tokens."""
+    converted = load_policy(str(smollm2_dir))
+    direct = load_policy(str(smol.find_gguf()))
+    prompt = converted.build_prompt([{"role": "user", "content": "Name a color."}])
+    assert direct.build_prompt([{"role": "user", "content": "Name a color."}]) == prompt
+    greedy = SamplingParams(temperature=0, max_new_tokens=8)
+    assert direct.generate([prompt], greedy)[0].token_ids == converted.generate([prompt], greedy)[0].token_ids
+
+
+def test_gguf_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        HFPolicy.from_pretrained(tmp_path / "model.gguf")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from esopt.policies.base import Generation, Policy, SamplingParams
-from esopt.policies.hf import HFPolicy
+from esopt.policies.hf import HFPolicy, resolve_device, resolve_dtype
 from esopt.policies.smollm2 import smollm2_path
 from esopt.policies.tiny import TinyConfig, build_char_tokenizer, build_tiny_model
 
@@ -27,8 +27,6 @@ def load_policy(
 ) -> HFPolicy:
     """Build a policy from a spec: "tiny" (fresh random tiny Llama, seed 0), "smollm2", a local HF
     model dir, or a `.gguf` file path."""
-    from esopt.policies.hf import resolve_device, resolve_dtype
-
     if spec == "tiny":
         model, tokenizer = build_tiny_model(seed=0)
         model = model.to(device=resolve_device(device), dtype=resolve_dtype(dtype))

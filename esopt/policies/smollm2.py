@@ -78,6 +78,7 @@ def smollm2_path(cache_dir: str | Path | None = None) -> Path:
         delattr(model.config, "quantization_config")
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.tmp-", dir=cache.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp creates 0700
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -132,6 +132,24 @@ def move_accuracy(policy: HFPolicy, demos: list[Demo], batch_size: int = 256) ->
     return move_scores(policy, demos, batch_size)["exact"]
 
 
+def lr_factor(kind: str, warmup_steps: int, total_steps: int | float) -> Callable[[int], float]:
+    """Linear warm-up, then constant or cosine decay to 10% at `total_steps` (needs finite steps)."""
+    if kind not in ("constant", "cosine"):
+        raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {kind!r}")
+    if kind == "cosine" and not math.isfinite(total_steps):
+        raise ValueError("lr_schedule='cosine' needs a finite number of steps")
+
+    def factor(i: int) -> float:
+        if i < warmup_steps:
+            return (i + 1) / warmup_steps
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (i - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
 def pretrain(
     model: torch.nn.Module,
     tokenizer,
@@ -147,6 +165,7 @@ def pretrain(
     lr: float = 2e-3,
     weight_decay: float = 0.0,
     warmup_steps: int = 30,
+    lr_schedule: str = "constant",
     grad_clip: float = 1.0,
     invalid_prob: float = 0.2,
     eval_states: int = 256,
@@ -157,9 +176,7 @@ def pretrain(
     stream = iter_demos(policy, env_kwargs, h_star_range, seed, invalid_prob)
     held_out = take(iter_demos(policy, env_kwargs, h_star_range, seed + 1_000_003, invalid_prob), eval_states)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda i: min(1.0, (i + 1) / max(1, warmup_steps))
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(lr_schedule, warmup_steps, steps))
     limits = {"steps": steps, "seconds": seconds, "target_accuracy": target_accuracy}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -276,6 +293,7 @@ def save_atomic(
     out = Path(out).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp creates 0700
     try:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
@@ -304,6 +322,8 @@ def main_pretrain(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup-steps", type=int, default=30, help="linear lr warm-up")
+    ap.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                    help="after warm-up: constant, or cosine to 10%% at --steps")  # fmt: skip
     ap.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm (0 disables)")
     ap.add_argument("--eval-every", type=int, default=50, help="steps between held-out accuracy checks")
     ap.add_argument("--eval-states", type=int, default=256, help="held-out states for per-move accuracy")
@@ -318,7 +338,8 @@ def main_pretrain(argv: list[str] | None = None) -> int:
     metrics = pretrain(
         model, tokenizer, {"size": args.size}, steps=args.steps, seconds=args.seconds,
         target_accuracy=args.target_accuracy, seed=args.seed, h_star_range=tuple(args.h_star_range),
-        batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps, grad_clip=args.grad_clip,
+        batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+        lr_schedule=args.lr_schedule, grad_clip=args.grad_clip,
         eval_every=args.eval_every, eval_states=args.eval_states,
     )  # fmt: skip
     print(
@@ -341,3 +362,7 @@ def main_pretrain(argv: list[str] | None = None) -> int:
         path = save_atomic(model, tokenizer, args.out, extra=metrics)
         print(f"saved to {path}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main_pretrain())
