@@ -281,30 +281,21 @@ def count_solutions(puzzle: Sequence[Sequence[int]], size: int, limit: int = 2) 
     return len(_search(puzzle, size, limit=limit))
 
 
-def candidates(board: Sequence[Sequence[int]], r: int, c: int) -> set[int]:
-    """Digits that fit empty cell (r, c) (0-based) given its row, column and box."""
-    n = len(board)
-    br, bc = BOX_SHAPES[n]
-    r0, c0 = r - r % br, c - c % bc
-    used = set(board[r]) | {board[rr][c] for rr in range(n)}
-    used |= {board[rr][cc] for rr in range(r0, r0 + br) for cc in range(c0, c0 + bc)}
-    return set(range(1, n + 1)) - used
-
-
 def oracle_move(board: Sequence[Sequence[int]], solution: Sequence[Sequence[int]] | None = None) -> str:
-    """Canonical text of a correct move, e.g. 'set 2 3 5', as a human solver would pick it: the empty cell
-    with the fewest candidates (row-major among ties), so the move is usually forced by the board alone
-    (a learnable target for warm starts, unlike the first empty cell of a puzzle with several solutions)."""
+    """Canonical text of a correct move for the first empty cell (row-major), e.g. 'set 2 3 5'.
+
+    (Tried: the most constrained cell instead. The tiny model's warm start learned it about half as
+    well, 20% vs 43% per-move accuracy after 600-800 steps, so the simpler target stays.)"""
     n = len(board)
     if solution is None:
         solution = solve(board, n)
         if solution is None:
             raise ValueError("board has no solution")
-    empty = [(len(candidates(board, r, c)), r, c) for r in range(n) for c in range(n) if not board[r][c]]
-    if not empty:
-        raise ValueError("board has no empty cell")
-    _, r, c = min(empty)
-    return f"set {r + 1} {c + 1} {solution[r][c]}"
+    for r in range(n):
+        for c in range(n):
+            if not board[r][c]:
+                return f"set {r + 1} {c + 1} {solution[r][c]}"
+    raise ValueError("board has no empty cell")
 
 
 # ---------------------------------------------------------------------------------------- generation

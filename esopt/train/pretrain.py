@@ -13,12 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -29,6 +25,7 @@ from esopt.envs.sudoku import SudokuEnv, oracle_move, parse_action
 from esopt.policies.base import SamplingParams
 from esopt.policies.hf import HFPolicy
 from esopt.rollout import build_markov_prompt, run_episodes
+from esopt.utils.io import save_pretrained_atomic
 
 
 class Demo(NamedTuple):
@@ -286,28 +283,6 @@ def multi_turn_success(
     return sum(t.success for t in trajs) / len(trajs)
 
 
-def save_atomic(
-    model: torch.nn.Module, tokenizer, out: str | Path, extra: dict[str, Any] | None = None
-) -> Path:
-    """save_pretrained model + tokenizer into a temp dir next to `out`, then rename it to `out`."""
-    out = Path(out).expanduser().resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp creates 0700
-    try:
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        if extra is not None:
-            (tmp / "pretrain_metrics.json").write_text(json.dumps(extra, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
 def main_pretrain(argv: list[str] | None = None) -> int:
     """CLI: warm-start the tiny model on Sudoku demonstrations and save it."""
     from esopt.policies.tiny import build_tiny_model
@@ -359,7 +334,8 @@ def main_pretrain(argv: list[str] | None = None) -> int:
             print(f"multi-turn success H*={h} {name}: {rate:.3f} ({args.eval_episodes} episodes)")
     metrics["success"] = success
     if args.out:
-        path = save_atomic(model, tokenizer, args.out, extra=metrics)
+        path = save_pretrained_atomic(model, tokenizer, args.out,
+                                      extra_files={"pretrain_metrics.json": json.dumps(metrics, indent=2, default=str)})
         print(f"saved to {path}")
     return 0
 

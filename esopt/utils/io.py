@@ -32,6 +32,7 @@ def save_pretrained_atomic(model, tokenizer, out: str | Path, extra_files: dict 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    os.chmod(tmp, 0o755)  # mkdtemp creates 0700; a checkpoint should be readable like any saved model
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
