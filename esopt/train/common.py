@@ -267,7 +267,9 @@ def finish(rd: RunDir, policy: HFPolicy, config, timers: Timers, evals: dict, st
            seconds: float, interrupted: bool, progress: bool) -> dict:
     """Final artefacts shared by every trainer: final/ weights, plots, memory ratio, summary.json."""
     peak = peak_memory_bytes(config.model.device)
-    episodes = getattr(getattr(config, "es", None), "tasks_per_member", None) or getattr(config, "batch_tasks", 1)
+    # Probe with the largest batch the run generates with: a training rollout or the held-out eval.
+    train_batch = getattr(getattr(config, "es", None), "tasks_per_member", None) or getattr(config, "batch_tasks", 1)
+    episodes = max(train_batch, config.eval.tasks * config.eval.repeats)
     infer = inference_peak_bytes(config, episodes) if config.measure_inference_peak and not interrupted else None
     first, last = evals.get(min(evals)) if evals else None, evals.get(max(evals)) if evals else None
     summary = {
