@@ -485,7 +485,7 @@ def test_invalid_moves_leave_board_unchanged():
         turn += 1
         assert env.board == board and obs != prev_obs and reward == 0.0
         assert not info["action_is_valid"] and info["turn"] == turn and feedback in info["feedback"]
-        assert obs.splitlines()[0].startswith(short) and obs.splitlines()[0].endswith(f" t{15 - turn}")
+        assert obs.splitlines()[-1].startswith(short) and obs.endswith(f" t{15 - turn}")
         assert not (terminated or truncated)
         prev_obs = obs
 
@@ -511,14 +511,14 @@ def test_wrong_full_board_terminates_without_success():
     env.step(f"set {r1 + 1} {c1 + 1} {sol[r1][c1] % 4 + 1}")
     obs, reward, terminated, truncated, info = env.step(f"set {r2 + 1} {c2 + 1} {sol[r2][c2]}")
     assert terminated and not truncated and reward == 0.0 and not info["is_success"]
-    assert obs.startswith("wrong t4\n")
+    assert obs.endswith("wrong t4")
 
 
 def test_clash_feedback_and_overwrite():
     puzzle = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 0, 0]]
     env = SudokuEnv(size=4, h_star=1, allow_overwrite=True)
     obs, info = env.reset(options={"puzzle": puzzle})
-    assert info["h_star"] == 2 and info["turn_cap"] == 6 and obs == "new t6\n1 1234\n2 3412\n3 2143\n4 43.."
+    assert info["h_star"] == 2 and info["turn_cap"] == 6 and obs == "1 1234\n2 3412\n3 2143\n4 43..\nnew t6"
     _, _, _, _, info = env.step("set 4 3 4")
     assert info["action_is_valid"] and info["feedback"] == "ok: r4c3=4 clashes with r4c1"
     _, _, _, _, info = env.step("set 4 3 2")  # overwrite a written cell
@@ -526,7 +526,7 @@ def test_clash_feedback_and_overwrite():
     _, _, _, _, info = env.step("set 4 1 1")  # givens are never overwritable
     assert not info["action_is_valid"] and "given" in info["feedback"]
     obs, reward, terminated, _, info = env.step("set 4 4 1")
-    assert terminated and reward == 1.0 and info["is_success"] and obs.startswith("solved t2\n")
+    assert terminated and reward == 1.0 and info["is_success"] and obs.endswith("solved t2")
 
 
 def test_external_task_via_options_and_alternative_solutions():
@@ -572,13 +572,13 @@ def test_observation_format_and_bounds(size):
     obs, _ = env.reset(seed=0)
     lines = obs.splitlines()
     assert len(lines) == size + 1 and obs.isascii() and obs == env.render()
-    for r, line in enumerate(lines[1:]):
+    for r, line in enumerate(lines[:-1]):
         assert line[:2] == f"{r + 1} " and len(line) == size + 2
         assert [0 if ch == "." else int(ch) for ch in line[2:]] == env.board[r]
-    assert lines[0] == f"new t{env.turn_cap}"
+    assert lines[-1] == f"new t{env.turn_cap}"
     # worst case status line still fits the space
     obs, *_ = env.step("set 1 1 123456")
-    assert obs in env.observation_space and obs.splitlines()[0] == f"bad val >999 t{env.turn_cap - 1}"
+    assert obs in env.observation_space and obs.splitlines()[-1] == f"bad val >999 t{env.turn_cap - 1}"
     if size == 4:
         assert len(obs) <= 45
     assert "set r c v" in env.instructions and f"1-{size}" in env.instructions and len(env.instructions) < 260

@@ -491,14 +491,14 @@ class SudokuEnv(gym.Env[str, str]):
     the turn is used and the board is unchanged.
 
     ## Observation
-    ASCII text: a status line `"{feedback} t{turns_left}"`, then one line per row, `"{row} {cells}"` with '.'
-    for empty (the board comes last, at a fixed distance from the model's reply). 4x4 example (34 chars)::
+    ASCII text: one line per row, `"{row} {cells}"` with '.' for empty, then `"{feedback} t{turns_left}"`.
+    4x4 example (34 chars)::
 
-        ok t12
         1 12.4
         2 .4.2
         3 3.2.
         4 2.1.
+        ok t12
 
     Feedback: new, ok, clash r2c4, given r1c2, filled r1c2, bad row 7, bad format, empty, solved, wrong.
     Every step changes the observation (turns left drops). With `allow_overwrite=True` givens and written
@@ -612,10 +612,10 @@ class SudokuEnv(gym.Env[str, str]):
         return ws * float(self._success) + wp * self._progress() + wv * self._valid_moves / self._turn
 
     def _obs(self) -> str:
-        # Status first, board last: the board then sits at a fixed distance from where the model starts
-        # writing, whatever the feedback length (a small model learns cell positions far faster).
-        lines = [f"{self._short} t{self._turn_cap - self._turn}"]
-        lines += [f"{r + 1} " + "".join(_CELL_CHARS[v] for v in row) for r, row in enumerate(self._board)]
+        # Tried: status line first (board at a fixed distance from the reply). The tiny model's warm start
+        # learned it worse (25% vs 43% per-move accuracy), so the status line stays last.
+        lines = [f"{r + 1} " + "".join(_CELL_CHARS[v] for v in row) for r, row in enumerate(self._board)]
+        lines.append(f"{self._short} t{self._turn_cap - self._turn}")
         return "\n".join(lines)
 
     def _info(self, valid: bool, move: tuple[int, int, int] | None) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def load_model(section: ModelSection, env_kwargs: dict | None = None) -> HFPolic
     return load_policy(section.name, dtype=section.dtype, device=section.device)
 
 
-WARM_START_VERSION = 4
+WARM_START_VERSION = 5
 
 
 def warm_start_path(size: int, steps: int, seed: int = 0) -> Path:
