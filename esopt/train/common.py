@@ -114,14 +114,17 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def rollout(policy: HFPolicy, config: BaseTrainConfig, make: Callable, task_seeds: list[int], seed: int):
+    """run_episodes with the run's sampling, conversation mode, system prompt and batch cap."""
+    return run_episodes(policy, make, task_seeds, config.sampling.params(), seed=seed,
+                        conversation=config.env.conversation, system_prompt=config.env.system_prompt,
+                        max_batch_size=config.max_batch_size)
+
+
 def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_offset: int = 0) -> dict[str, float]:
     """The unperturbed policy on the held-out tasks, `repeats` rollouts each, with the run's sampling."""
     seeds = heldout_task_seeds(config) * config.eval.repeats
-    trajectories, stats = run_episodes(
-        policy, make, seeds, config.sampling.params(), seed=config.eval.seed + seed_offset,
-        conversation=config.env.conversation, system_prompt=config.env.system_prompt,
-        max_batch_size=config.max_batch_size,
-    )
+    trajectories, stats = rollout(policy, config, make, seeds, seed=config.eval.seed + seed_offset)
     out = summarize(trajectories)
     out["tokens_per_second"] = stats.tokens_per_second
     out["eval_seconds"] = stats.seconds

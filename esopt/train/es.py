@@ -22,7 +22,7 @@ import numpy as np
 
 from esopt.es import ES, ESConfig, Ledger, Member, ParamScope, read_history, replay
 from esopt.policies import HFPolicy, load_policy
-from esopt.rollout import RolloutStats, Trajectory, run_episodes
+from esopt.rollout import RolloutStats, Trajectory
 from esopt.train.common import (
     RunDir,
     Timers,
@@ -31,6 +31,7 @@ from esopt.train.common import (
     finish,
     load_model,
     progress_bar,
+    rollout,
     say,
     summarize,
     train_task_seeds,
@@ -74,10 +75,7 @@ class LocalEvaluator:
             t0 = time.perf_counter()
             with self.es.perturbed(m):
                 t1 = time.perf_counter()
-                trajectories, stats = run_episodes(
-                    self.policy, self.make_env, task_seeds, c.sampling.params(), seed=rollout_seed,
-                    conversation=c.env.conversation, system_prompt=c.env.system_prompt,
-                    max_batch_size=c.max_batch_size)
+                trajectories, stats = rollout(self.policy, c, self.make_env, task_seeds, seed=rollout_seed)
                 t2 = time.perf_counter()
             t3 = time.perf_counter()
             self.timers.perturb += t1 - t0

@@ -6,7 +6,7 @@ as a training run, and prints the peak (bytes). Trainers compare their own peak 
 
 import sys
 
-from esopt.train.common import env_factory, load_model, train_task_seeds
+from esopt.train.common import env_factory, load_model, rollout, train_task_seeds
 from esopt.train.config import build_config
 from esopt.utils.memory import peak_memory_bytes
 
@@ -15,14 +15,11 @@ def main() -> None:
     import json
 
     import esopt.train.es  # noqa: F401  (same imported code as a training run)
-    from esopt.rollout import run_episodes
 
     config = build_config(json.loads(sys.argv[1]))
     policy = load_model(config.model, config.env.kwargs)
     seeds = train_task_seeds(config.seed, 0, int(sys.argv[2]))
-    run_episodes(policy, env_factory(config), seeds, config.sampling.params(), seed=config.seed,
-                 conversation=config.env.conversation, system_prompt=config.env.system_prompt,
-                 max_batch_size=config.max_batch_size)
+    rollout(policy, config, env_factory(config), seeds, seed=config.seed)
     print(peak_memory_bytes(config.model.device))
 
 

@@ -28,7 +28,7 @@ import torch
 from pydantic import Field, model_validator
 
 from esopt.policies import HFPolicy, load_policy
-from esopt.rollout import Trajectory, run_episodes
+from esopt.rollout import Trajectory
 from esopt.train.common import (
     RunDir,
     Timers,
@@ -37,6 +37,7 @@ from esopt.train.common import (
     finish,
     load_model,
     progress_bar,
+    rollout,
     say,
     summarize,
     trajectory_score,
@@ -425,10 +426,7 @@ def train_loop(config: BaseTrainConfig, out: str | Path, build: Builder, resume:
         for step in range(start, config.steps):
             t_step = time.perf_counter()
             rollout_seed = int(np.random.default_rng([config.seed, step, 3]).integers(2**31))
-            trajectories, stats = run_episodes(
-                policy, make_env, algo.task_seeds(step), config.sampling.params(), seed=rollout_seed,
-                conversation=config.env.conversation, system_prompt=config.env.system_prompt,
-                max_batch_size=config.max_batch_size)
+            trajectories, stats = rollout(policy, config, make_env, algo.task_seeds(step), seed=rollout_seed)
             t_up = time.perf_counter()
             timers.rollout += t_up - t_step
             with defer_sigint():  # a step's updates happen completely or not at all
