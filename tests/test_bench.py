@@ -76,11 +76,11 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
 
     current, episodes = {}, Counter()  # training episodes rolled out, per run
     for mod in (es_mod, pg_mod):  # training rollouts only (held-out evals go through train.common)
-        def counted(*args, _orig=mod.run_episodes, **kwargs):
-            episodes[current["run"]] += len(args[2])
-            return _orig(*args, **kwargs)
+        def counted(policy, config, make, task_seeds, _orig=mod.rollout, **kwargs):
+            episodes[current["run"]] += len(task_seeds)
+            return _orig(policy, config, make, task_seeds, **kwargs)
 
-        monkeypatch.setattr(mod, "run_episodes", counted)
+        monkeypatch.setattr(mod, "rollout", counted)
     orig_train = horizon._train_in_process
 
     def train_one(run, resume, progress):
