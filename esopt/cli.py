@@ -193,9 +193,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# sub-commands with their own argument parser: everything after the name goes to it verbatim
+# (argparse's REMAINDER drops a leading option such as `pretrain --seconds 60`)
+PASSTHROUGH = {"pretrain": 0, "bench": 1, "analyze": 1}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    if argv and argv[0] in PASSTHROUGH and "-h" not in argv[: 1 + PASSTHROUGH[argv[0]]]:
+        head = 1 + PASSTHROUGH[argv[0]]
+        args = parser.parse_args(argv[:head])
+        args.rest = argv[head:]
+        extra: list[str] = []
+    else:
+        args, extra = parser.parse_known_args(argv)
     if extra:  # overrides may follow options: `train CFG --out DIR es.sigma=2e-3`
         if args.command == "train" and all("=" in x and not x.startswith("-") for x in extra):
             args.overrides = list(args.overrides) + extra

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from esopt.cli import main as cli_main
 from esopt.envs.sudoku import SudokuEnv, oracle_move, parse_action
 from esopt.policies import HFPolicy, build_tiny_model
 from esopt.rollout import build_markov_prompt
@@ -16,7 +17,6 @@ from esopt.train.pretrain import (
     encode_batch,
     iter_demos,
     lr_factor,
-    main_pretrain,
     random_invalid_move,
     take,
 )
@@ -74,7 +74,8 @@ def test_short_pretrain_improves_accuracy_and_saves(tmp_path, capsys):
     out = tmp_path / "tiny-sudoku"
     argv = ["--steps", "150", "--seconds", "600", "--eval-every", "150", "--eval-states", "128"]
     argv += ["--eval-h-stars", "2", "--eval-episodes", "4"]
-    assert main_pretrain([*argv, "--out", str(out)]) == 0
+    # through the CLI: options directly after `pretrain` must reach its own parser
+    assert cli_main(["pretrain", *argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "per-move accuracy" in printed and "multi-turn success H*=2 greedy" in printed
     metrics = json.loads((out / "pretrain_metrics.json").read_text())

@@ -47,7 +47,7 @@ def load_model(section: ModelSection, env_kwargs: dict | None = None) -> HFPolic
     return load_policy(section.name, dtype=section.dtype, device=section.device)
 
 
-WARM_START_VERSION = 5
+WARM_START_VERSION = 6
 
 
 def warm_start_path(size: int, steps: int, seed: int = 0) -> Path:
@@ -66,7 +66,8 @@ def warm_start_path(size: int, steps: int, seed: int = 0) -> Path:
     print(f"warm start: pretraining the tiny model on {size}x{size} Sudoku demos for {steps} steps "
           f"(cached in {path})", flush=True)
     model, tokenizer = build_tiny_model(seed=seed)
-    metrics = pretrain(model, tokenizer, {"size": size}, steps=steps, seed=seed, progress=True)
+    metrics = pretrain(model, tokenizer, {"size": size}, steps=steps, seed=seed, progress=True,
+                       lr_schedule="cosine", eval_every=100)
     print(f"warm start: per-move accuracy {metrics['initial_accuracy']:.3f} -> {metrics['accuracy']:.3f} "
           f"in {metrics['seconds']:.0f}s", flush=True)
     model.eval()

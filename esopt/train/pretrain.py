@@ -1,7 +1,7 @@
 """Supervised warm start of a (tiny) policy on Sudoku solver demonstrations.
 
-Demonstrations come from running the Sudoku env with the oracle (`oracle_move`: a correct move, on
-the empty cell with the fewest candidates), with random invalid moves mixed in so the model also sees feedback states
+Demonstrations come from running the Sudoku env with the oracle (`oracle_move`: the correct digit for
+the first empty cell), with random invalid moves mixed in so the model also sees feedback states
 ("given r1c2", "bad format", ...). The prompt of each state is built exactly as the rollout engine
 builds it in markov mode (`build_markov_prompt`); the target is the oracle move + EOS, and the loss
 covers the target tokens only. Training stops at `steps`, `seconds` or `target_accuracy` (per-move
@@ -159,7 +159,7 @@ def pretrain(
     *,
     h_star_range: tuple[int, int] = (1, 12),
     batch_size: int = 64,
-    lr: float = 2e-3,
+    lr: float = 5e-4,
     weight_decay: float = 0.0,
     warmup_steps: int = 30,
     lr_schedule: str = "constant",
@@ -295,7 +295,8 @@ def main_pretrain(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=120.0, help="max training seconds")
     ap.add_argument("--target-accuracy", type=float, default=1.0, help="stop at this held-out accuracy")
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=5e-4,
+                    help="AdamW lr (2e-3 and 3e-3 learned digits far worse: 29%% vs 71%% per-move after 600 steps)")
     ap.add_argument("--warmup-steps", type=int, default=30, help="linear lr warm-up")
     ap.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
                     help="after warm-up: constant, or cosine to 10%% at --steps")  # fmt: skip
