@@ -22,6 +22,7 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False) -> int:
     from esopt.train.config import load_config
     from esopt.train.es import train
     from esopt.utils.memory import fmt_bytes
+    from esopt.utils.stats import paired_difference
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # measured faster than 2 threads for a 1M-parameter model
@@ -53,6 +54,11 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False) -> int:
                        ("valid_action_rate", "valid action rate"), ("mean_turns", "mean turns"),
                        ("shaped_reward", "shaped reward")]:
         print(f"{label:<22}{before[key]:>12.3f}{after[key]:>15.3f}{after[key] - before[key]:>+10.3f}")
+    for key, label in [("episode_success", "success"), ("episode_shaped", "shaped reward")]:
+        d = paired_difference(before[key], after[key], tasks=config.eval.tasks)
+        verdict = "an improvement" if d.low > 0 else "a drop" if d.high < 0 else "not distinguishable from no change"
+        print(f"{label} change {d.mean:+.3f}, 95% CI [{d.low:+.3f}, {d.high:+.3f}] "
+              f"(paired bootstrap over {d.tasks} tasks): {verdict}")
     split = summary["time_split"]
     ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"
     print(f"peak memory {fmt_bytes(summary['peak_memory_bytes'])}; ES / inference-only (same model, batch) = {ratio}")

@@ -55,7 +55,7 @@ class Setup:
     members: int = 8  # N: ES members per estimate
     member_episodes: int = 4  # E: episodes per ES member
     directions: int = 32  # K random unit directions
-    sigma: float = 2e-2  # ES noise scale (the CPU training default)
+    sigma: float = 3e-3  # ES noise scale (the CPU training default, calibrated on the v6 warm start)
     antithetic: bool = False
     pg_group: int = 1  # 1: baseline = batch mean over B distinct tasks; G: B/G tasks x G rollouts, group mean
     seed: int = 0

@@ -122,13 +122,16 @@ def rollout(policy: HFPolicy, config: BaseTrainConfig, make: Callable, task_seed
                         max_batch_size=config.max_batch_size)
 
 
-def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_offset: int = 0) -> dict[str, float]:
+def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_offset: int = 0) -> dict:
     """The unperturbed policy on the held-out tasks, `repeats` rollouts each, with the run's sampling."""
     seeds = heldout_task_seeds(config) * config.eval.repeats
     trajectories, stats = rollout(policy, config, make, seeds, seed=config.eval.seed + seed_offset)
-    out = summarize(trajectories)
+    out: dict = summarize(trajectories)
     out["tokens_per_second"] = stats.tokens_per_second
     out["eval_seconds"] = stats.seconds
+    # per-episode scores (same tasks and sampling seeds at every eval): paired before/after comparisons
+    out["episode_success"] = [int(t.success) for t in trajectories]
+    out["episode_shaped"] = [round(trajectory_score(t, "shaped"), 4) for t in trajectories]
     return out
 
 

@@ -164,6 +164,7 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
                 "generated_tokens": sum(r.stats.generated_tokens for r in results),
                 "peak_memory_bytes": peak_memory_bytes(config.model.device),
             }
+            del results  # the population's trajectories must not stay alive through the eval below
             rd.log(gen + 1, "train", row)
             done = gen + 1
             line = (f"gen {done}/{config.steps} | reward mean {row['reward_mean']:.3f} max {row['reward_max']:.3f}"
