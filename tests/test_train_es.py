@@ -32,7 +32,8 @@ def weights(run_dir: Path, sub: str = "final") -> dict[str, torch.Tensor]:
 
 def test_two_generation_run_writes_every_artefact_and_replays_bit_exact(tmp_path):
     out = tmp_path / "run"
-    summary = train(build_config({}, TINY), out, progress=False)
+    # device=auto (the paper configs' setting) resolves to the policy's device everywhere, memory included
+    summary = train(build_config({}, [*TINY, "model.device=auto"]), out, progress=False)
     for name in ["config.yaml", "history.jsonl", "metrics.jsonl", "summary.json", "final/model.safetensors",
                  "final/tokenizer.json", "final/config.json", "plots/eval.png", "plots/reward_spread.png"]:
         assert (out / name).exists(), name
@@ -42,6 +43,9 @@ def test_two_generation_run_writes_every_artefact_and_replays_bit_exact(tmp_path
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 1, 2]
+    first_eval = next(r for r in rows if r["kind"] == "eval")
+    assert len(first_eval["episode_success"]) == len(first_eval["episode_shaped"]) == 4  # tasks x repeats
+    assert first_eval["success_rate"] == sum(first_eval["episode_success"]) / 4
     assert summary["steps_done"] == 2 and 0 <= summary["time_split"]["es_overhead_share"] <= 1
     assert load_config(out / "config.yaml").es.population_size == 4
 

@@ -273,7 +273,7 @@ def inference_peak_bytes(config: BaseTrainConfig, episodes: int) -> int | None:
 def finish(rd: RunDir, policy: HFPolicy, config, timers: Timers, evals: dict, start: int, done: int,
            seconds: float, interrupted: bool, progress: bool) -> dict:
     """Final artefacts shared by every trainer: final/ weights, plots, memory ratio, summary.json."""
-    peak = peak_memory_bytes(config.model.device)
+    peak = peak_memory_bytes(policy.device)
     # Probe with the largest batch the run generates with: a training rollout or the held-out eval.
     train_batch = getattr(getattr(config, "es", None), "tasks_per_member", None) or getattr(config, "batch_tasks", 1)
     episodes = max(train_batch, config.eval.tasks * config.eval.repeats)

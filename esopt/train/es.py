@@ -162,7 +162,7 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
                 "sigma": told.sigma, "alpha": told.alpha, "update_rms": told.update_rms,
                 "zero_variance": told.zero_variance, "seconds": time.perf_counter() - t_gen,
                 "generated_tokens": sum(r.stats.generated_tokens for r in results),
-                "peak_memory_bytes": peak_memory_bytes(config.model.device),
+                "peak_memory_bytes": peak_memory_bytes(policy.device),
             }
             del results  # the population's trajectories must not stay alive through the eval below
             rd.log(gen + 1, "train", row)

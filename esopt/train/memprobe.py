@@ -20,7 +20,7 @@ def main() -> None:
     policy = load_model(config.model, config.env.kwargs)
     seeds = train_task_seeds(config.seed, 0, int(sys.argv[2]))
     rollout(policy, config, env_factory(config), seeds, seed=config.seed)
-    print(peak_memory_bytes(config.model.device))
+    print(peak_memory_bytes(policy.device))
 
 
 if __name__ == "__main__":

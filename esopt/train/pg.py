@@ -436,7 +436,7 @@ def train_loop(config: BaseTrainConfig, out: str | Path, build: Builder, resume:
             row = {**step_row(trajectories, section.reward), "kl": None, **upd,
                    "generated_tokens": stats.generated_tokens,
                    "rollout_seconds": t_up - t_step, "update_seconds": time.perf_counter() - t_up,
-                   "seconds": time.perf_counter() - t_step, "peak_memory_bytes": peak_memory_bytes(config.model.device)}
+                   "seconds": time.perf_counter() - t_step, "peak_memory_bytes": peak_memory_bytes(policy.device)}
             rd.log(done, "train", row)
             line = (f"step {done}/{config.steps} | reward mean {row['reward_mean']:.3f} max {row['reward_max']:.3f}"
                     f" | loss {row['loss']:.4f} kl {'n/a' if row['kl'] is None else format(row['kl'], '.2e')}"
