@@ -31,26 +31,22 @@ held-out tasks, success after 8 steps): GRPO 1e-4 -> 0.00/0.00 (collapse), 3e-5 
 0.44/0.41; PPO 1e-4 -> 0.19/0.25, 3e-5 -> 0.44/0.38, 1e-5 -> 0.44/0.47. 1e-5 is the stable choice for both.
 ES's sigma and alpha are 3x the paper's (1e-3, 5e-4).
 
-CPU budget, measured on this machine (2 cores shared with other jobs, load ~4, one torch thread; 4x4,
-M=32 episodes per step, warm start v3; `esopt bench horizon --steps 2 --seeds 0`, 9 runs in 370 s):
+CPU budget, measured on this machine (2 cores shared with one or two other jobs, one torch thread; 4x4,
+M=32 episodes per step, warm start v6; the full `esopt bench horizon --out results` grid):
   seconds per training step   H*=5    H*=10   H*=15
-  ES (8 members x 4 tasks)     1.9     6.1     9.0
-  GRPO (4 tasks x 8)           2.7     6.8    10.6
-  PPO (32 tasks, 2 epochs)     4.7    16.1    24.5
+  ES (8 members x 4 tasks)     2.2     5.7     6.1
+  GRPO (4 tasks x 8)           3.5     7.0     6.8
+  PPO (32 tasks, 2 epochs)     7.5    14.4    15.1
   (ES rolls out its members one after another, 4 episodes each; the baselines roll out all 32 episodes
-  in one batch, then back-propagate: GRPO's update is ~70% of its step, PPO's ~80%.) On top of the
-  steps, each run costs ~15 s (process start, model load, two evals of 32 tasks, final save, plots),
-  ~5 s more with the inference-only memory probe (first seed only), and ~2.5 s per intermediate eval.
-  So one seed of the 9-run grid costs ~94 s per step + ~140 s; with M=64 every step cost ~2x.
-The default (`--preset cpu`: 3 methods x H* 5 10 15 x seeds 0 1 2 = 27 runs, 8 steps each, eval every 2
-steps) therefore takes ~3 x (8 x 94 + 140) s ~ 45 minutes at that load (roughly half on an idle machine),
-inside the 60-minute budget with margin for episodes that grow longer while training. `--preset smoke`
-(2 steps, 8 episodes, H* 1 2, one seed, all in one process) runs in ~25 s.
+  in one batch, then back-propagate: GRPO's update is ~70% of its step, PPO's ~88%.) Whole runs took
+  33-144 s (process start, model load, evals of 32 tasks every 2 steps, checkpoints, final save, plots,
+  and the inference-only memory probe for the first seed). The default (`--preset cpu`: 3 methods x H*
+  5 10 15 x seeds 0 1 2 = 27 runs, 8 steps each) took ~41 minutes in all at that load, inside the 60-minute
+  budget. `--preset smoke` (2 steps, 8 episodes, H* 1 2, one seed, all in one process) runs in ~25 s.
 
-Note (warm start v3, 800 steps): the starting model's per-move accuracy is ~20%, so its held-out success is
-0 at H* >= 3 (6% at H*=2); the binary success table is then flat and the shaped-score table and curves
-carry the comparison, which is why every method trains on the shaped score by default (`--reward`). A
-stronger warm start (`--warm-start-steps`) makes the success table informative.
+The v6 warm start (800 steps, ~77% per-move accuracy) succeeds on 0.375 / 0.062 / 0.031 of the held-out
+tasks at H* = 5 / 10 / 15 (T=0.7), so the success table is informative at H*=5 and near the floor beyond;
+every method trains on the shaped score by default (`--reward`), which still moves when success is rare.
 
     esopt bench horizon                            # the CPU default into results/
     esopt bench horizon --seeds 0 1 2 3 --resume   # add a seed, keep the finished runs

@@ -25,9 +25,9 @@ squares fits of ln(var) vs H* (growth rate), ln(var) vs ln(H*) (power exponent: 
     esopt analyze variance --h-stars 2 6 10 --repeats 32 --batch 64
     esopt analyze variance --smoke --out /tmp/v
 
-Measured cost (2 CPU cores shared with other jobs, load ~4, one torch thread, warm start v3): one
+Measured cost (2 CPU cores shared with other jobs, one torch thread): one
 repetition (B=32 PG episodes + backward, and N=8 x E=4 ES episodes) takes ~1.2 s x H*, so the default
-(H* 2 4 6 8 10, R=16) takes ~10 minutes (569 s measured); `--smoke` ~10 s.
+(H* 2 4 6 8 10, R=16) takes 6-10 minutes (569 s with warm start v3, 374 s with v6); `--smoke` ~10 s.
 """
 
 from __future__ import annotations
