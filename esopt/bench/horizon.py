@@ -387,6 +387,8 @@ def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    from esopt.utils.plots import save_figure
+
     n = len(plan.h_stars)
     fig, axes = plt.subplots(2, n, figsize=(4.2 * n, 6.4), squeeze=False)
     for row, (col, label) in enumerate(((1, "held-out success"), (2, "held-out shaped score"))):
@@ -406,11 +408,7 @@ def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="best")
     fig.suptitle(f"{plan.size}x{plan.size} Sudoku, {plan.episodes_per_step} episodes per step for every method")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_report(plan: Plan, out: Path) -> tuple[Path, Path, str]:

@@ -344,6 +344,8 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from esopt.utils.plots import save_figure
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for k, m in enumerate(METHODS):
         mine = [r for r in result["rows"] if r["method"] == m]
@@ -364,11 +366,7 @@ def plot(result: dict, path: Path) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write(result: dict, out: Path) -> tuple[Path, Path, str]:

@@ -5,6 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write as a 100-dpi PNG (parent folders created) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
     import matplotlib
 
@@ -22,10 +34,7 @@ def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
         ax[0].set(xlabel="generation / step", ylabel="held-out success rate", title="eval success")
         ax[1].plot(steps, [r["mean_reward"] for r in evals], marker="o", color="C1")
         ax[1].set(xlabel="generation / step", ylabel="mean reward", title="eval reward")
-        fig.tight_layout()
-        written.append(out_dir / "eval.png")
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
+        written.append(save_figure(fig, out_dir / "eval.png"))
     train = [r for r in rows if r.get("kind") == "train" and "reward_mean" in r]
     if train:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
@@ -38,8 +47,5 @@ def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
         ax.plot(steps, [r["reward_mean"] for r in train], label="mean")
         ax.set(xlabel="generation / step", ylabel="reward", title="population / batch reward spread")
         ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        written.append(out_dir / "reward_spread.png")
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
+        written.append(save_figure(fig, out_dir / "reward_spread.png"))
     return written
