@@ -156,3 +156,30 @@ def test_quick_demo_prints_the_before_after_table(tmp_path, capsys):
     assert "success rate" in out and "ES fine-tuned" in out and "ES / inference-only" in out
     assert (tmp_path / "demo" / "final" / "model.safetensors").exists()
     assert (tmp_path / "demo" / "plots" / "eval.png").exists()
+
+
+def test_train_loop_climbs_a_reward_that_is_linear_in_the_weights(tmp_path, monkeypatch):
+    """Member i's reward must reach the update as member i's: with reward = <theta, u> (noise-free), every
+    generation's z-scored update moves theta along u (sum_i z_i <eps_i, u> > 0); antithetic pairs make the
+    population's mean reward exactly <theta, u>, so it must rise every generation. A reward/member mix-up,
+    a sign error or an update along the wrong seeds makes <theta, u> drift at random instead."""
+    import esopt.train.es as es_train
+    from esopt.rollout import RolloutStats, Trajectory
+
+    probe: dict = {}
+
+    def linear_reward_rollout(policy, config, make, task_seeds, seed):
+        if "u" not in probe:
+            probe["param"] = policy.model.model.layers[0].mlp.up_proj.weight
+            probe["u"] = torch.randn(probe["param"].shape, generator=torch.Generator().manual_seed(5))
+        value = float((probe["param"].detach() * probe["u"]).sum())  # the weights as perturbed right now
+        return [Trajectory(task_seed=s, reward=value) for s in task_seeds], RolloutStats(episodes=len(task_seeds))
+
+    monkeypatch.setattr(es_train, "rollout", linear_reward_rollout)
+    config = build_config({}, [*TINY, "steps=4", "eval.every=0", "checkpoint_every=10", "es.reward=env",
+                               "es.antithetic=true"])
+    out = tmp_path / "run"
+    train(config, out, progress=False)
+    values = [r["reward_mean"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "train"]
+    assert len(values) == 4 and all(b > a for a, b in zip(values, values[1:])), values
