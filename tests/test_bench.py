@@ -130,3 +130,22 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
         f = result["fits"][m]["var"]
         assert math.isfinite(f["log_var_vs_h"]["slope"]) and math.isfinite(f["var_vs_h"]["slope"]), f
     assert cli_main(["analyze", "nope"]) == 2
+
+
+def test_step_probe_smoke_compares_the_es_step_with_a_same_length_random_control(tmp_path):
+    from esopt.bench import step_probe
+
+    assert step_probe.main(["--smoke", "--quiet", "--pairs", "3", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "step_probe.json").read_text())
+    rows = {(r["variant"], r["group"]): r for r in result["rows"]}
+    assert set(rows) == {("es", "all"), ("permuted", "all"), ("es", "norm")}
+    assert result["members"] == 6 and len(result["rewards"]) == 6 and result["eval_episodes"] == 4
+    es_norm, perm_norm = rows["es", "all"]["step_norm"], rows["permuted", "all"]["step_norm"]
+    assert es_norm > 0 and abs(es_norm - perm_norm) / es_norm < 0.05  # same coefficients, other seeds
+    assert 0 < rows["es", "norm"]["step_norm"] < es_norm  # the norm weights are a sliver of the model
+    for r in result["rows"]:
+        low, mean, high = r["d_success"][1], r["d_success"][0], r["d_success"][2]
+        assert low <= mean <= high
+    assert "| permuted | all |" in (tmp_path / "step_probe.md").read_text()
+    with pytest.raises(ValueError, match="regex"):
+        step_probe.main(["--smoke", "--quiet", "--groups", "(", "--out", str(tmp_path)])
