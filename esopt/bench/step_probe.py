@@ -78,9 +78,9 @@ def direction(es, members, weights: np.ndarray, order: np.ndarray | None = None)
         values = [values[i] for i in order]
     out = {}
     for name, p in es.noise.params:
-        acc = torch.zeros(p.shape, dtype=torch.float32)
-        for s, c in zip(seeds, values):
-            acc.add_(es.noise.noise.full(s, name, p.shape), alpha=c)
+        acc = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        for s, c in zip(seeds, values):  # the members' own noise: same seed, name and device type
+            acc.add_(es.noise.noise.full(s, name, p.shape, device=p.device), alpha=c)
         out[name] = acc
     return out
 
@@ -131,7 +131,7 @@ def measure(setup: Setup, progress: bool = True) -> dict:
         with torch.no_grad():
             for n, p in params.items():
                 delta = step[n] * alpha if step is not None and (group is None or re.search(group, n)) else None
-                p.copy_(masters[n] if delta is None else masters[n] + delta.to(p.dtype))
+                p.copy_(masters[n] if delta is None else (masters[n].float() + delta).to(p.dtype))
                 sq += float(delta.square().sum()) if delta is not None else 0.0
         return sq**0.5
 
