@@ -225,6 +225,18 @@ def test_update_matches_formula():
     torch.testing.assert_close(model.x.detach(), expected)
 
 
+def test_combine_is_the_update_direction():
+    model = Vec(torch.zeros(50))
+    es = ES(model, ESConfig(population_size=3, sigma=0.1, alpha=0.3, shaping="identity"))
+    members = es.ask()
+    coefs = {m.seed: w for m, w in zip(members, [1.0, -2.0, 0.5])}
+    (combined,) = es.noise.combine(coefs)
+    src = NoiseSource()
+    torch.testing.assert_close(combined, sum(c * src.full(s, "x", (50,)) for s, c in coefs.items()))
+    es.tell([1.0, -2.0, 0.5])
+    torch.testing.assert_close(model.x.detach(), combined * 0.3 / 3)
+
+
 def test_zero_variance_population_gives_zero_update_and_warns():
     model = small_net()
     before = [p.detach().clone() for p in model.parameters()]

@@ -67,22 +67,17 @@ SMOKE = {"overrides": ["model.warm_start_steps=60", "env.kwargs.h_star=3", "eval
          "pairs": 2, "tasks": 2, "alphas": [0.01], "groups": ["norm"]}
 
 
-def direction(es, members, weights: np.ndarray, order: np.ndarray | None = None) -> dict[str, torch.Tensor]:
-    """1/G sum_i w_i sign_i eps_i per scoped parameter; `order` reassigns the per-seed coefficients."""
-    coefs: dict[int, float] = {}
-    for m, w in zip(members, weights):
-        coefs[m.seed] = coefs.get(m.seed, 0.0) + m.sign * float(w) / len(members)
-    seeds = list(coefs)
-    values = [coefs[s] for s in seeds]
-    if order is not None:
-        values = [values[i] for i in order]
-    out = {}
-    for name, p in es.noise.params:
-        acc = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-        for s, c in zip(seeds, values):  # the members' own noise: same seed, name and device type
-            acc.add_(es.noise.noise.full(s, name, p.shape, device=p.device), alpha=c)
-        out[name] = acc
-    return out
+def direction(es, members, weights: np.ndarray, shuffle: np.random.Generator | None = None) -> dict[str, torch.Tensor]:
+    """1/G sum_i w_i sign_i eps_i per scoped parameter; `shuffle` reassigns the per-seed coefficients."""
+    from esopt.es.strategy import update_coefficients
+
+    record = {"seeds": [m.seed for m in members], "signs": [m.sign for m in members], "weights": list(weights)}
+    coefs = update_coefficients(record)
+    seeds, values = list(coefs), [c / len(members) for c in coefs.values()]
+    if shuffle is not None:
+        values = [values[i] for i in shuffle.permutation(len(values))]
+    names = [name for name, _ in es.noise.params]
+    return dict(zip(names, es.noise.combine(dict(zip(seeds, values)))))
 
 
 def measure(setup: Setup, progress: bool = True) -> dict:
@@ -122,7 +117,7 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     weights = get_shaper(e.shaping)(np.array(rewards))
     steps = {"es": direction(es, members, weights)}
     if setup.control:
-        steps["permuted"] = direction(es, members, weights, np.random.default_rng([setup.seed, 5]).permutation(setup.pairs))
+        steps["permuted"] = direction(es, members, weights, np.random.default_rng([setup.seed, 5]))
     params = dict(es.noise.params)
     masters = {n: p.detach().clone() for n, p in params.items()}
 

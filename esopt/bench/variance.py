@@ -198,14 +198,7 @@ def es_estimate(es, members, scores: np.ndarray, sigma: float) -> torch.Tensor:
     coefs: dict[int, float] = {}
     for m, r in zip(members, scores - scores.mean()):
         coefs[m.seed] = coefs.get(m.seed, 0.0) + m.sign * float(r) / (len(members) * sigma)
-    parts = []
-    for name, p in es.noise.params:
-        acc = torch.zeros(p.numel(), dtype=torch.float32)
-        for seed, c in coefs.items():
-            if c:
-                acc.add_(es.noise.noise.full(seed, name, (p.numel(),)), alpha=c)
-        parts.append(acc)
-    return torch.cat(parts)
+    return torch.cat([t.reshape(-1).cpu() for t in es.noise.combine(coefs)])
 
 
 # --- the analysis ----------------------------------------------------------------------------------

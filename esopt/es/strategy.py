@@ -147,6 +147,19 @@ class ParameterNoise:
             p.data.view(-1).copy_(m)
 
     @torch.no_grad()
+    def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
+        """sum_seed coef * eps_seed for every parameter, whole tensors in fp32 on its device (for analyses;
+        `update` applies the same sum chunk by chunk without materialising it)."""
+        out = []
+        for name, p in self.params:
+            acc = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            for seed, c in coefs.items():
+                if c:
+                    acc.add_(self.noise.full(seed, name, p.shape, device=p.device), alpha=c)
+            out.append(acc)
+        return out
+
+    @torch.no_grad()
     def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
         """theta = theta * (1 - decay) + step * sum_seed coef_seed * eps_seed, accumulated in fp32.
 
