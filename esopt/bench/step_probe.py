@@ -118,15 +118,15 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     steps = {"es": direction(es, members, weights)}
     if setup.control:
         steps["permuted"] = direction(es, members, weights, np.random.default_rng([setup.seed, 5]))
-    params = dict(es.noise.params)
-    masters = {n: p.detach().clone() for n, p in params.items()}
 
     def place(step: dict[str, torch.Tensor] | None, alpha: float, group: str | None) -> float:
+        """theta = the unperturbed weights (the ES's fp32 masters) + alpha * step on the chosen group."""
         sq = 0.0
         with torch.no_grad():
-            for n, p in params.items():
+            for (n, p), master in zip(es.noise.params, es.noise.masters):
+                master = master.view(p.shape).to(p.device)
                 delta = step[n] * alpha if step is not None and (group is None or re.search(group, n)) else None
-                p.copy_(masters[n] if delta is None else (masters[n].float() + delta).to(p.dtype))
+                p.copy_(master if delta is None else master + delta)
                 sq += float(delta.square().sum()) if delta is not None else 0.0
         return sq**0.5
 
