@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from esopt.bench import add_analysis_options
+
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
@@ -190,10 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair-tasks", action="store_true", help="each antithetic pair gets its own training tasks")
     p.add_argument("--no-control", action="store_true", help="skip the permuted control")
     p.add_argument("--seed", type=int, help="seed of noise, tasks and the permutation (default 0)")
-    p.add_argument("--smoke", action="store_true", help="a seconds-long preset (tests)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--out", default="results", help="writes OUT/step_probe.md and .json")
-    p.add_argument("--quiet", action="store_true")
+    add_analysis_options(p, "OUT/step_probe.md and .json")
     return p
 
 

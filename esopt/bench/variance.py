@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from esopt.bench import add_analysis_options
+
 METHODS = ("pg", "es")
 LABELS = {"pg": "PG (REINFORCE, mean baseline)", "es": "ES"}
 
@@ -386,10 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, choices=[4, 6], help="board size (default 4)")
     p.add_argument("--warm-start-steps", type=int, help=f"tiny-sudoku warm start steps (default {d.warm_start_steps})")
     p.add_argument("--seed", type=int, help="seed of tasks, sampling, ES noise and directions (default 0)")
-    p.add_argument("--smoke", action="store_true", help="a seconds-long preset (tests)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1: no OpenMP oversubscription)")
-    p.add_argument("--out", default="results", help="writes OUT/variance.md, .png, .json")
-    p.add_argument("--quiet", action="store_true")
+    add_analysis_options(p, "OUT/variance.md, .png, .json")
     return p
 
 
