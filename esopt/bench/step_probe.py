@@ -91,9 +91,9 @@ def measure(setup: Setup, progress: bool = True) -> dict:
         load_model,
         rollout,
         train_task_seeds,
-        trajectory_score,
     )
     from esopt.train.config import load_config
+    from esopt.train.es import member_score
     from esopt.utils.stats import paired_difference
 
     setup.check()
@@ -113,7 +113,7 @@ def measure(setup: Setup, progress: bool = True) -> dict:
         rollout_seed = int(np.random.default_rng([setup.seed, key, 3]).integers(2**31))
         with es.perturbed(m), torch.no_grad():
             trajs, _ = rollout(policy, config, make, tasks, seed=rollout_seed)
-        rewards.append(float(np.mean([trajectory_score(t, e.reward) for t in trajs])))
+        rewards.append(member_score(trajs, e.reward))
         if progress and (k + 1) % 16 == 0:
             print(f"members {k + 1}/{len(members)} | {time.perf_counter() - t0:.0f}s", flush=True)
     weights = get_shaper(e.shaping)(np.array(rewards))
