@@ -48,26 +48,37 @@ def _trainer(algo: str):
 
 def _eval(args: argparse.Namespace) -> int:
     from esopt.policies import SamplingParams
-    from esopt.rollout import run_episodes
+    from esopt.rollout import env_examples, run_episodes
     from esopt.train.common import load_model, summarize
     from esopt.train.config import ModelSection
 
     env_kwargs = {"size": args.size, "h_star": args.h_star}
     if args.reward:
         env_kwargs["reward"] = args.reward
+    for pair in args.env_arg or []:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--env-arg {pair!r} must look like key=value")
+        import yaml
+
+        env_kwargs[key] = yaml.safe_load(raw)
     policy = load_model(ModelSection(name=args.model, dtype=args.dtype, device=args.device), env_kwargs)
     from esopt.envs import make_env
 
     make_env(args.env, **env_kwargs).close()
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     seeds = [args.task_seed + i for i in range(args.episodes)]
+    with make_env(args.env, **env_kwargs) as env:
+        examples = env_examples(env, args.few_shot)
     trajectories, stats = run_episodes(
         policy, lambda: make_env(args.env, **env_kwargs), seeds, sampling, seed=args.seed,
-        conversation=args.conversation, max_batch_size=args.batch_size, progress=not args.no_progress)
+        conversation=args.conversation, max_batch_size=args.batch_size, progress=not args.no_progress,
+        examples=examples)
     s = summarize(trajectories)
     print(f"model {args.model} | {args.env} {env_kwargs} | {args.episodes} episodes | T={args.temperature}")
     print(f"success rate {s['success_rate']:.3f} | mean reward {s['mean_reward']:.3f} | mean turns "
           f"{s['mean_turns']:.2f} | valid actions {s['valid_action_rate']:.3f} | "
+          f"correct given valid {s['correct_given_valid']:.3f} | "
           f"{stats.tokens_per_second:.1f} generated tok/s ({stats.generated_tokens} tokens in {stats.seconds:.1f}s)")
     for t in trajectories[: args.samples]:
         print(f"\n--- task {t.task_seed}: success={t.success} turns={t.num_turns} reward={t.reward:.2f}")
@@ -124,7 +135,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _analyze(args: argparse.Namespace) -> int:
     import importlib
 
-    names = {"variance": "esopt.bench.variance", "step": "esopt.bench.step_probe"}
+    names = {"variance": "esopt.bench.variance", "step": "esopt.bench.step_probe",
+             "calibrate": "esopt.bench.calibrate", "neighbourhood": "esopt.bench.neighbourhood"}
     if args.which not in names:
         raise ValueError(f"unknown analysis {args.which!r}; choose one of {sorted(names)}")
     return importlib.import_module(names[args.which]).main(args.rest) or 0
@@ -150,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--size", type=int, default=4, help="board size: 4, 6 or 9")
     e.add_argument("--h-star", type=int, default=5, help="holes = minimum turns to succeed")
     e.add_argument("--reward", choices=["binary", "shaped"], help="env reward (default binary)")
+    e.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                   help="extra env argument (repeatable), e.g. --env-arg show_empty=true")
     e.add_argument("--episodes", type=int, default=32)
     e.add_argument("--task-seed", type=int, default=10_000, help="first task seed (tasks are seed..seed+N-1)")
     e.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -159,7 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-new-tokens", type=int, default=16)
     e.add_argument("--conversation", choices=["markov", "history"], default="markov")
     e.add_argument("--batch-size", type=int, default=None, help="max episodes per generate call")
-    e.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    e.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: bfloat16 for smollm2, float32 otherwise")
+    e.add_argument("--few-shot", type=int, default=0, help="worked exchanges from the env shown as chat turns")
     e.add_argument("--device", default="cpu")
     e.add_argument("--samples", type=int, default=2, help="transcripts to print")
     e.add_argument("--no-progress", action="store_true")
@@ -186,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
 
-    a = sub.add_parser("analyze", help="analyses: variance | step (pass -h after the name)")
+    a = sub.add_parser("analyze", help="analyses: variance | step | calibrate | neighbourhood (pass -h after the name)")
     a.add_argument("which")
     a.add_argument("rest", nargs=argparse.REMAINDER)
     a.set_defaults(func=_analyze)

@@ -16,7 +16,7 @@ Generated token ids are kept exactly as produced (the RL baselines need them for
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ import numpy as np
 from esopt.policies.base import Generation, Policy, SamplingParams
 
 Message = dict[str, str]
+Examples = Sequence[tuple[str, str]]  # worked (observation, action) exchanges shown before the episode
 
 
 @dataclass
@@ -140,35 +141,51 @@ def resolve_system_prompt(env: gym.Env, system_prompt: str | None) -> str | None
     return getattr(env.unwrapped, "instructions", None)
 
 
-def markov_messages(system_prompt: str | None, obs: str) -> list[Message]:
-    """[system, user(obs)]; the system message is left out when there is no (or an empty) prompt."""
+def markov_messages(system_prompt: str | None, obs: str, examples: Examples = ()) -> list[Message]:
+    """[system, (user(example obs), assistant(example action))..., user(obs)]; the system message is left
+    out when there is no (or an empty) prompt."""
     messages: list[Message] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    for example_obs, example_action in examples:
+        messages += [{"role": "user", "content": example_obs}, {"role": "assistant", "content": example_action}]
     messages.append({"role": "user", "content": obs})
     return messages
 
 
-def build_markov_prompt(policy: Policy, system_prompt: str | None, obs: str) -> str:
+def build_markov_prompt(policy: Policy, system_prompt: str | None, obs: str, examples: Examples = ()) -> str:
     """The exact prompt the engine builds in markov mode (reuse it for supervised targets)."""
-    return policy.build_prompt(markov_messages(system_prompt, obs))
+    return policy.build_prompt(markov_messages(system_prompt, obs, examples))
+
+
+def env_examples(env: gym.Env, count: int) -> list[tuple[str, str]]:
+    """`count` worked (observation, action) exchanges from the env's `worked_examples`, for few-shot prompts."""
+    if count <= 0:
+        return []
+    make = getattr(env.unwrapped, "worked_examples", None)
+    if make is None:
+        raise ValueError(f"{env.spec.id if env.spec else type(env).__name__} has no worked_examples(): "
+                         "few-shot prompting needs them (set few_shot to 0)")
+    return [(str(o), str(a)) for o, a in make(count)]
 
 
 class _Episode:
     """Book-keeping of one live episode."""
 
-    def __init__(self, env: gym.Env, task_seed: int, system_prompt: str | None, conversation: str) -> None:
+    def __init__(self, env: gym.Env, task_seed: int, system_prompt: str | None, conversation: str,
+                 examples: Examples = ()) -> None:
         self.env = env
         self.system_prompt = system_prompt
+        self.examples = examples
         self.conversation = conversation
         self.trajectory = Trajectory(task_seed=task_seed)
         self.done = False
         obs, _ = env.reset(seed=task_seed)
         self.obs = str(obs)
-        self.history: list[Message] = markov_messages(system_prompt, self.obs)
+        self.history: list[Message] = markov_messages(system_prompt, self.obs, examples)
 
     def messages(self) -> list[Message]:
         if self.conversation == "history":
             return self.history
-        return markov_messages(self.system_prompt, self.obs)
+        return markov_messages(self.system_prompt, self.obs, self.examples)
 
     def step(self, prompt: str, gen: Generation, max_turns: int | None) -> None:
         obs, reward, terminated, truncated, info = self.env.step(gen.text)
@@ -206,11 +223,13 @@ def run_episodes(
     max_batch_size: int | None = None,
     max_turns: int | None = None,
     progress: bool = False,
+    examples: Examples = (),
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Run one episode per task seed in lockstep; trajectories come back in task_seeds order.
 
     system_prompt None => each env's `unwrapped.instructions`. max_turns (optional) truncates episodes
-    the env itself would not end; normally the env's own turn cap ends them.
+    the env itself would not end; normally the env's own turn cap ends them. `examples`: worked
+    (observation, action) exchanges placed as chat turns between the system prompt and the episode.
     """
     if conversation not in ("markov", "history"):
         raise ValueError(f"conversation must be 'markov' or 'history', got {conversation!r}")
@@ -226,7 +245,7 @@ def run_episodes(
             env = env_factory()
             envs.append(env)
             system = resolve_system_prompt(env, system_prompt)
-            episodes.append(_Episode(env, int(task_seed), system, conversation))
+            episodes.append(_Episode(env, int(task_seed), system, conversation, examples))
         if progress:
             from tqdm.auto import tqdm
 

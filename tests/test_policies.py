@@ -214,7 +214,8 @@ def smollm2_dir():
 def test_smollm2_policy(smollm2_dir):
     assert (smollm2_dir / "model.safetensors").is_file()
     assert smol.smollm2_path() == smollm2_dir  # cached
-    pol = load_policy("smollm2")
+    assert next(load_policy("smollm2").model.parameters()).dtype == torch.bfloat16  # dtype "auto"
+    pol = load_policy("smollm2", dtype="float32")
     assert "quantization_config" not in pol.model.config.to_dict()
     assert next(pol.model.parameters()).dtype == torch.float32
     messages = [

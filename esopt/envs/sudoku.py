@@ -522,7 +522,9 @@ class SudokuEnv(gym.Env[str, str]):
 
     ## Arguments
     size (4, 6, 9), h_star (1..size*size), turn_cap_factor (>= 1), reward ("binary" | "shaped"),
-    allow_overwrite (rewrite non-given cells), unique (uniquely solvable puzzles), render_mode (None | "ansi").
+    allow_overwrite (rewrite non-given cells), unique (uniquely solvable puzzles), show_empty (an extra line
+    before the status listing the empty cells as `empty: 2 1, 3 4`, row then column; a smaller model needs
+    it to find the cells), render_mode (None | "ansi").
 
     ## Versions
     v0: initial version.
@@ -538,6 +540,7 @@ class SudokuEnv(gym.Env[str, str]):
         reward: str = "binary",
         allow_overwrite: bool = False,
         unique: bool = False,
+        show_empty: bool = False,
         render_mode: str | None = None,
     ) -> None:
         self.size = _check_size(size)
@@ -558,13 +561,15 @@ class SudokuEnv(gym.Env[str, str]):
         self.reward_mode = reward
         self.allow_overwrite = bool(allow_overwrite)
         self.unique = bool(unique)
+        self.show_empty = bool(show_empty)
         self.render_mode = render_mode
         self.box_shape = BOX_SHAPES[self.size]
 
         n = self.size
         max_status = len("bad val >999") + len(" t") + len(str(self._cap(n * n)))
         self.action_space = FreeText(MAX_ACTION_CHARS)
-        self.observation_space = ascii_text_space(n * (n + 3) + max_status)
+        empty_line = len("empty: ") + len("9 9, ") * n * n if self.show_empty else 0
+        self.observation_space = ascii_text_space(n * (n + 3) + empty_line + max_status)
         br, bc = self.box_shape
         self.instructions = (
             f"Sudoku {n}x{n} ({br}x{bc} boxes): make every row, column and box hold 1-{n}. Each board line is "
@@ -611,10 +616,19 @@ class SudokuEnv(gym.Env[str, str]):
         ws, wp, wv = SHAPED_WEIGHTS
         return ws * float(self._success) + wp * self._progress() + wv * self._valid_moves / self._turn
 
+    def _is_correct(self, r: int, c: int, v: int) -> bool:
+        """The digit of the (1-indexed) move is the solution's (no clash, for tasks given without one)."""
+        if self.task.solution is not None:
+            return self.task.solution[r - 1][c - 1] == v
+        return find_clash(self._board, r - 1, c - 1) is None
+
     def _obs(self) -> str:
         # Tried: status line first (board at a fixed distance from the reply). The tiny model's warm start
         # learned it worse (25% vs 43% per-move accuracy), so the status line stays last.
         lines = [f"{r + 1} " + "".join(_CELL_CHARS[v] for v in row) for r, row in enumerate(self._board)]
+        if self.show_empty:  # the open cells as "row col" pairs, in the move's own order
+            empty = [f"{r + 1} {c + 1}" for r, row in enumerate(self._board) for c, v in enumerate(row) if not v]
+            lines.append("empty: " + ", ".join(empty))
         lines.append(f"{self._short} t{self._turn_cap - self._turn}")
         return "\n".join(lines)
 
@@ -622,6 +636,7 @@ class SudokuEnv(gym.Env[str, str]):
         return {
             "is_success": self._success,
             "action_is_valid": valid,
+            "action_is_correct": valid and move is not None and self._is_correct(*move),
             "turn": self._turn,
             "turns_left": self._turn_cap - self._turn,
             "turn_cap": self._turn_cap,
@@ -710,6 +725,23 @@ class SudokuEnv(gym.Env[str, str]):
         else:
             reward = 1.0 if self._success else 0.0
         return self._obs(), float(reward), terminated, truncated, self._info(valid=valid, move=move)
+
+    def worked_examples(self, count: int, seed: int = 0) -> list[tuple[str, str]]:
+        """`count` worked exchanges for few-shot prompts: (first observation of a puzzle, a correct move).
+
+        The puzzles come from their own seed stream (never a training or held-out task), with this env's
+        size and H*. The move fills a random empty cell, not the oracle's first one, so a model that
+        copies the examples' coordinates gains nothing from it. The env's own state is not touched."""
+        rng = np.random.default_rng([int(seed), self.size, self.h_star, 0x5EED])
+        env = SudokuEnv(self.size, self.h_star, self.turn_cap_factor, self.reward_mode, self.allow_overwrite,
+                        show_empty=self.show_empty)
+        out = []
+        for _ in range(count):
+            task = generate_task(rng, self.size, self.h_star)
+            obs, _ = env.reset(options={"task": task})
+            r, c = env._holes[int(rng.integers(len(env._holes)))]
+            out.append((obs, f"set {r + 1} {c + 1} {task.solution[r][c]}"))
+        return out
 
     def render(self) -> str | None:
         if self.render_mode is None:

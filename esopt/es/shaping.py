@@ -57,6 +57,29 @@ def centered_rank(rewards) -> np.ndarray:
     return avg_rank[inverse] / (r.size - 1) - 0.5
 
 
+def task_normalized(scores, eps: float = 1e-8) -> np.ndarray:
+    """Member fitness with a per-task baseline (EGGROLL's group normalisation): `scores` is (members, tasks);
+    each task's column is z-scored across the members that ran it, then averaged per member. A task every
+    member scored alike (all solved, all failed) carries no signal and adds 0, instead of letting easy or
+    impossible tasks dominate the mean."""
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 2 or s.size == 0:
+        raise ValueError(f"scores must be a non-empty (members, tasks) array, got shape {s.shape}")
+    check_rewards(s.ravel())
+    std = s.std(axis=0)
+    z = np.where(std > eps, (s - s.mean(axis=0)) / np.where(std > eps, std, 1.0), 0.0)
+    return z.mean(axis=1)
+
+
+def pair_disagreement(rewards, signs) -> float:
+    """Share of antithetic pairs (members 2k, 2k+1) whose two rewards differ: how often the population
+    sees any signal at all (0 with a noise scale too small to change behaviour)."""
+    r = check_rewards(rewards)
+    if len(signs) != r.size or r.size % 2 or any(signs[k] != -signs[k + 1] for k in range(0, r.size, 2)):
+        raise ValueError("pair_disagreement needs an antithetic population (members 2k, 2k+1 mirrored)")
+    return float(np.mean(r[0::2] != r[1::2]))
+
+
 SHAPERS: dict[str, Callable[[Sequence[float]], np.ndarray]] = {
     "zscore": zscore,
     "centered_rank": centered_rank,

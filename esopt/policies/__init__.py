@@ -18,15 +18,25 @@ __all__ = [
     "build_char_tokenizer",
     "build_tiny_model",
     "load_policy",
+    "model_dtype",
     "smollm2_path",
 ]
 
 
+def model_dtype(spec: str, dtype: str = "auto") -> str:
+    """"auto": bfloat16 for SmolLM2 (3.5-4x faster than fp32 on CPUs with AMX-BF16, and on GPUs), float32
+    for everything else (the tiny test model, local dirs whose dtype the caller knows)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if spec == "smollm2" else "float32"
+
+
 def load_policy(
-    spec: str, dtype: str = "float32", device: str = "cpu", cache_dir: str | Path | None = None
+    spec: str, dtype: str = "auto", device: str = "cpu", cache_dir: str | Path | None = None
 ) -> HFPolicy:
     """Build a policy from a spec: "tiny" (fresh random tiny Llama, seed 0), "smollm2", a local HF
-    model dir, or a `.gguf` file path."""
+    model dir, or a `.gguf` file path. dtype "auto": see `model_dtype`."""
+    dtype = model_dtype(spec, dtype)
     if spec == "tiny":
         model, tokenizer = build_tiny_model(seed=0)
         model = model.to(device=resolve_device(device), dtype=resolve_dtype(dtype))

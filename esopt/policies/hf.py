@@ -2,8 +2,12 @@
 
 One `generate` call is one batched `model.generate` (left padding). Generated token ids are returned
 exactly as produced (cut after the first EOS), never re-tokenized from text. Sampling is reproducible:
-with a seed, the RNG is forked so the caller's global RNG state is untouched. No KV/prefix cache lives
-across calls (ES changes the weights between calls); `generate` builds a fresh cache every time.
+with a seed, the RNG is forked so the caller's global RNG state is untouched.
+
+When the prompts of a call share a long token prefix (the system prompt and worked examples of an agent
+rollout), `generate` encodes that prefix once and only the suffixes per row (`prefix.py`): 4-5x faster
+for SmolLM2's few-shot Sudoku prompts. No KV/prefix cache lives across calls (ES changes the weights
+between calls); every call builds a fresh one.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from esopt.policies.base import Generation, SamplingParams
+from esopt.policies.prefix import generate_with_shared_prefix, shared_prefix_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,9 +49,13 @@ class HFPolicy:
     special-token ids, so checkpoint defaults (repetition penalty, sampling knobs) never leak in.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer, prefix_cache: bool = True,
+                 min_prefix_tokens: int = 32) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        # share the KV cache of a common prompt prefix of at least this many tokens (log-prob calls excepted)
+        self.prefix_cache = prefix_cache
+        self.min_prefix_tokens = min_prefix_tokens
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -132,6 +141,14 @@ class HFPolicy:
     ) -> list[Generation]:
         if not prompts:
             return []
+        if self.prefix_cache and len(prompts) > 1 and not return_logprobs:
+            ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+            prefix_len = shared_prefix_length(ids)
+            if prefix_len >= self.min_prefix_tokens:
+                tokens, _ = generate_with_shared_prefix(
+                    self.model, ids, prefix_len, sampling, self.eos_token_ids, self.tokenizer.pad_token_id, seed)
+                texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+                return [Generation(prompt_ids=list(p), token_ids=t, text=x) for p, t, x in zip(ids, tokens, texts)]
         dev = self.device
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         input_ids = enc["input_ids"].to(dev)

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from esopt.policies import HFPolicy, load_policy
-from esopt.rollout import Trajectory, run_episodes
+from esopt.policies.base import SamplingParams
+from esopt.rollout import Trajectory, env_examples, run_episodes
 from esopt.train.config import BaseTrainConfig, ModelSection, dump_config
 from esopt.utils.io import save_pretrained_atomic, write_json_atomic
 from esopt.utils.memory import fmt_bytes, peak_memory_bytes
@@ -38,13 +39,13 @@ def load_model(section: ModelSection, env_kwargs: dict | None = None) -> HFPolic
     if section.name == "tiny-sudoku":
         size = int((env_kwargs or {}).get("size", 4))
         path = warm_start_path(size=size, steps=section.warm_start_steps, seed=section.seed)
-        return load_policy(str(path), dtype=section.dtype, device=section.device)
+        return load_policy(str(path), dtype=section.resolved_dtype, device=section.device)
     if section.name == "tiny" and section.seed != 0:
         from esopt.policies import build_tiny_model
 
         model, tok = build_tiny_model(seed=section.seed)
         return HFPolicy(model.to(section.device), tok)
-    return load_policy(section.name, dtype=section.dtype, device=section.device)
+    return load_policy(section.name, dtype=section.resolved_dtype, device=section.device)
 
 
 WARM_START_VERSION = 6
@@ -90,9 +91,18 @@ def train_task_seeds(seed: int, step: int, count: int) -> list[int]:
     return [int(s) for s in rng.integers(*TRAIN_SEED_RANGE, size=count)]
 
 
+def task_pool_seeds(seed: int, count: int) -> list[int]:
+    """A fixed training pool (es.task_set=fixed): drawn once from the training range, reused every generation."""
+    rng = np.random.default_rng([seed, 7, 2**20])
+    return [int(s) for s in rng.integers(*TRAIN_SEED_RANGE, size=count)]
+
+
 def heldout_task_seeds(config: BaseTrainConfig) -> list[int]:
+    """Held-out tasks of `config.eval.split`: test seeds lie in [2^31, 2^31 + 2^30), validation seeds in
+    [2^31 + 2^30, 2^32), training seeds below 2^31, so the three never share a seed."""
     rng = np.random.default_rng([config.eval.seed, 11])
-    return [HELDOUT_SEED_BASE + int(s) for s in rng.integers(0, 2**30, size=config.eval.tasks)]
+    base = HELDOUT_SEED_BASE + (2**30 if config.eval.split == "validation" else 0)
+    return [base + int(s) for s in rng.integers(0, 2**30, size=config.eval.tasks)]
 
 
 def trajectory_score(t: Trajectory, kind: str) -> float:
@@ -105,21 +115,40 @@ def trajectory_score(t: Trajectory, kind: str) -> float:
 
 
 def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Episode means; `correct_given_valid` pools turns: correct actions / valid actions (format-only
+    gains raise the valid-action rate without it)."""
     n = max(len(trajectories), 1)
+    turns = [turn for t in trajectories for turn in t.turns]
+    valid = sum(bool(turn.info.get("action_is_valid", False)) for turn in turns)
+    correct = sum(bool(turn.info.get("action_is_correct", False)) for turn in turns)
     return {
         "success_rate": sum(t.success for t in trajectories) / n,
         "mean_reward": sum(t.reward for t in trajectories) / n,
         "mean_turns": sum(t.num_turns for t in trajectories) / n,
         "valid_action_rate": sum(t.valid_action_rate for t in trajectories) / n,
+        "correct_given_valid": correct / valid if valid else 0.0,
         "shaped_reward": sum(t.turns[-1].info.get("shaped_reward", 0.0) if t.turns else 0.0 for t in trajectories) / n,
     }
 
 
-def rollout(policy: HFPolicy, config: BaseTrainConfig, make: Callable, task_seeds: list[int], seed: int):
-    """run_episodes with the run's sampling, conversation mode, system prompt and batch cap."""
-    return run_episodes(policy, make, task_seeds, config.sampling.params(), seed=seed,
+def few_shot_examples(config: BaseTrainConfig, make: Callable) -> list[tuple[str, str]]:
+    """The env's `config.env.few_shot` worked exchanges (the same for every episode of the run)."""
+    if not config.env.few_shot:
+        return []
+    env = make()
+    try:
+        return env_examples(env, config.env.few_shot)
+    finally:
+        env.close()
+
+
+def rollout(policy: HFPolicy, config: BaseTrainConfig, make: Callable, task_seeds: list[int], seed: int,
+            sampling: SamplingParams | None = None):
+    """run_episodes with the run's sampling (unless given), conversation mode, system prompt, worked
+    examples and batch cap."""
+    return run_episodes(policy, make, task_seeds, sampling or config.sampling.params(), seed=seed,
                         conversation=config.env.conversation, system_prompt=config.env.system_prompt,
-                        max_batch_size=config.max_batch_size)
+                        max_batch_size=config.max_batch_size, examples=few_shot_examples(config, make))
 
 
 def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_offset: int = 0) -> dict:

@@ -25,8 +25,14 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
+    @property
+    def resolved_dtype(self) -> str:
+        from esopt.policies import model_dtype
+
+        return model_dtype(self.name, self.dtype)
+
     name: str = Field("tiny", description="'tiny', 'tiny-sudoku' (warm-started, cached), 'smollm2', a local HF dir or .gguf")
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: bfloat16 for smollm2, else float32")
     device: str = "cpu"
     seed: int = Field(0, description="init seed of a fresh tiny model (and of the warm start)")
     warm_start_steps: int = Field(800, ge=1, description="supervised steps of the 'tiny-sudoku' warm start")
@@ -37,6 +43,7 @@ class EnvSection(Section):
     kwargs: dict[str, Any] = Field(default_factory=lambda: {"size": 4, "h_star": 10})
     conversation: Literal["markov", "history"] = "markov"
     system_prompt: str | None = Field(None, description="None: the env's own instructions")
+    few_shot: int = Field(0, ge=0, description="worked (observation, action) exchanges from the env shown as chat turns")
 
 
 class SamplingSection(Section):
@@ -54,6 +61,8 @@ class EvalSection(Section):
     tasks: int = Field(64, ge=1, description="held-out tasks")
     repeats: int = Field(1, ge=1, description="rollouts per held-out task")
     seed: int = Field(1_000_003, description="seed of the held-out task set (disjoint stream from training)")
+    split: Literal["test", "validation"] = Field(
+        "test", description="held-out split: tune on 'validation', report on 'test' (disjoint seed ranges)")
 
 
 class BaseTrainConfig(Section):
@@ -86,6 +95,13 @@ class ESSection(Section):
     scope_pattern: str | None = None
     restore: Literal["exact", "subtract"] = "exact"
     reward: Literal["env", "success", "shaped"] = Field("env", description="member score: env reward, success, or info['shaped_reward']")
+    task_set: Literal["fresh", "fixed"] = Field(
+        "fresh", description="fresh: new training tasks every generation; fixed: a pool drawn once and reused (the paper)")
+    task_pool: int | None = Field(None, ge=1, description="fixed: pool size (default tasks_per_member: every "
+                                  "generation runs the whole pool; larger: E tasks sampled from it per generation)")
+    fitness: Literal["mean", "task_zscore"] = Field(
+        "mean", description="member fitness: mean episode score, or each task z-scored across members first "
+        "(EGGROLL's per-task baseline); the shaping is applied after it")
 
     @model_validator(mode="after")
     def _check(self) -> ESSection:
@@ -95,6 +111,8 @@ class ESSection(Section):
             raise ValueError(f"sigma_min ({self.sigma_min}) must not exceed sigma ({self.sigma})")
         if self.scope == "regex" and not self.scope_pattern:
             raise ValueError("scope 'regex' needs scope_pattern")
+        if self.task_pool is not None and self.task_pool < self.tasks_per_member:
+            raise ValueError(f"task_pool ({self.task_pool}) must be >= tasks_per_member ({self.tasks_per_member})")
         return self
 
 

@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from esopt.es import ES, ESConfig, Ledger, Member, ParamScope, read_history, replay
+from esopt.es.shaping import pair_disagreement, task_normalized
 from esopt.policies import HFPolicy, load_policy
 from esopt.rollout import RolloutStats, Trajectory
 from esopt.train.common import (
@@ -34,6 +35,7 @@ from esopt.train.common import (
     rollout,
     say,
     summarize,
+    task_pool_seeds,
     train_task_seeds,
     trajectory_score,
 )
@@ -57,6 +59,29 @@ class PopulationEvaluator(Protocol):
 def member_score(trajectories: list[Trajectory], kind: str) -> float:
     """Mean episode score of one member (see `trajectory_score`)."""
     return float(np.mean([trajectory_score(t, kind) for t in trajectories]))
+
+
+def generation_tasks(config: ESTrainConfig, generation: int) -> list[int]:
+    """The E task seeds every member of this generation runs (common random numbers).
+
+    fresh: new tasks each generation. fixed: a pool drawn once (the paper reuses its 32 training puzzles);
+    all of it every generation when the pool is E tasks, else E of them sampled per generation."""
+    e = config.es
+    if e.task_set == "fresh":
+        return train_task_seeds(config.seed, generation, e.tasks_per_member)
+    pool = task_pool_seeds(config.seed, e.task_pool or e.tasks_per_member)
+    if len(pool) == e.tasks_per_member:
+        return pool
+    pick = np.random.default_rng([config.seed, generation, 13]).choice(len(pool), e.tasks_per_member, replace=False)
+    return [pool[int(i)] for i in pick]
+
+
+def population_fitness(results: Sequence[MemberResult], config: ESTrainConfig) -> np.ndarray:
+    """One fitness per member, before shaping: its mean score, or the per-task z-scored mean."""
+    if config.es.fitness == "mean":
+        return np.array([r.reward for r in results])
+    scores = [[trajectory_score(t, config.es.reward) for t in r.trajectories] for r in results]
+    return task_normalized(np.array(scores))
 
 
 class LocalEvaluator:
@@ -103,9 +128,9 @@ def resume_weights(rd: RunDir, config: ESTrainConfig) -> tuple[HFPolicy, int]:
     records = read_history(rd.history_path) if rd.history_path.exists() else []
     Ledger(rd.history_path).truncate(len(records))  # drop a torn line for good
     ckpt = rd.latest_checkpoint(at_most=len(records))
-    if ckpt and config.model.dtype == "float32":  # checkpoints hold the exact fp32 master weights
+    if ckpt and config.model.resolved_dtype == "float32":  # checkpoints hold the exact fp32 master weights
         step, path = ckpt
-        policy = load_policy(str(path), dtype=config.model.dtype, device=config.model.device)
+        policy = load_policy(str(path), dtype=config.model.resolved_dtype, device=config.model.device)
     else:
         step, policy = 0, load_model(config.model, config.env.kwargs)
     replay(policy.model, records[step:])
@@ -127,7 +152,6 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
     es = ES(policy.model, es_config(config), ledger=rd.history_path, generation=start)
     timers = Timers()
     evaluator: PopulationEvaluator = LocalEvaluator(es, policy, make_env, config, timers, progress)
-    E = config.es.tasks_per_member
 
     def run_eval(step: int) -> dict:
         t = time.perf_counter()
@@ -146,13 +170,14 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
         for gen in range(start, config.steps):
             t_gen = time.perf_counter()
             members = es.ask(gen)
-            tasks = train_task_seeds(config.seed, gen, E)
+            tasks = generation_tasks(config, gen)
             rollout_seed = int(np.random.default_rng([config.seed, gen, 3]).integers(2**31))
             results = evaluator.evaluate(members, tasks, rollout_seed)
             rewards = np.array([r.reward for r in results])
+            fitness = population_fitness(results, config)
             t_up = time.perf_counter()
             with defer_sigint():  # the update and its ledger line happen together or not at all
-                told = es.tell(rewards)
+                told = es.tell(fitness)
             timers.update += time.perf_counter() - t_up
             pop = summarize([t for r in results for t in r.trajectories])
             row = {
@@ -161,9 +186,12 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
                 "success_rate": pop["success_rate"], "mean_turns": pop["mean_turns"],
                 "sigma": told.sigma, "alpha": told.alpha, "update_rms": told.update_rms,
                 "zero_variance": told.zero_variance, "seconds": time.perf_counter() - t_gen,
+                "valid_action_rate": pop["valid_action_rate"], "correct_given_valid": pop["correct_given_valid"],
                 "generated_tokens": sum(r.stats.generated_tokens for r in results),
                 "peak_memory_bytes": peak_memory_bytes(policy.device),
             }
+            if config.es.antithetic:  # share of pairs whose two members scored differently
+                row["pair_disagreement"] = pair_disagreement(fitness, [m.sign for m in members])
             del results  # the population's trajectories must not stay alive through the eval below
             rd.log(gen + 1, "train", row)
             done = gen + 1

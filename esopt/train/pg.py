@@ -382,7 +382,7 @@ def _setup(rd: RunDir, config: BaseTrainConfig, resume: bool, progress: bool
         initial = load_model(config.model, config.env.kwargs)
         return initial, frozen_copy(initial.model) if need_ref else None, 0, None
     step, path = found
-    policy = load_policy(str(path), dtype=config.model.dtype, device=config.model.device)
+    policy = load_policy(str(path), dtype=config.model.resolved_dtype, device=config.model.device)
     ref = freeze(load_model(config.model, config.env.kwargs).model) if need_ref else None  # the initial weights
     return policy, ref, step, load_state(path, config.model.device)
 

@@ -1,0 +1,70 @@
+"""Shared-prefix decoding: the same tokens as plain batched `generate`, with the same sampling rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from esopt.envs import make_env
+from esopt.policies import HFPolicy, SamplingParams, build_tiny_model
+from esopt.policies.prefix import filter_logits, shared_prefix_length
+from esopt.rollout import build_markov_prompt, env_examples
+
+
+@pytest.fixture(scope="module")
+def prompts_and_policy():
+    model, tokenizer = build_tiny_model(seed=3)
+    policy = HFPolicy(model, tokenizer)
+    env = make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)
+    examples = env_examples(env, 2)
+    prompts = []
+    for seed in range(12):
+        obs, _ = env.reset(seed=seed)
+        prompts.append(build_markov_prompt(policy, env.unwrapped.instructions, obs, examples))
+    return policy, prompts
+
+
+def test_shared_prefix_length_keeps_a_suffix_token():
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 4]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # identical rows: one token stays per row
+    assert shared_prefix_length([[1, 2], [1, 2, 3, 4]]) == 1
+    assert shared_prefix_length([[5], [6]]) == 0
+    assert shared_prefix_length([]) == 0
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0, max_new_tokens=12),
+                                      SamplingParams(temperature=0.9, top_p=0.9, top_k=30, max_new_tokens=12),
+                                      SamplingParams(temperature=1.3, top_p=1.0, top_k=0, max_new_tokens=12)])
+def test_shared_prefix_decoding_gives_the_plain_generate_tokens(prompts_and_policy, sampling):
+    policy, prompts = prompts_and_policy
+    ids = [policy.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert shared_prefix_length(ids) >= policy.min_prefix_tokens  # the fast path is taken
+    policy.prefix_cache = True
+    fast = policy.generate(prompts, sampling, seed=11)
+    again = policy.generate(prompts, sampling, seed=11)
+    policy.prefix_cache = False
+    try:
+        plain = policy.generate(prompts, sampling, seed=11)
+    finally:
+        policy.prefix_cache = True
+    assert [g.token_ids for g in fast] == [g.token_ids for g in plain]
+    assert [g.text for g in fast] == [g.text for g in plain]
+    assert [g.prompt_ids for g in fast] == [g.prompt_ids for g in plain]
+    assert [g.token_ids for g in fast] == [g.token_ids for g in again]
+    if not sampling.greedy:  # the sampled rows differ from each other: the test is not trivially satisfied
+        assert len({tuple(g.token_ids) for g in fast}) > 1
+
+
+def test_filter_logits_matches_transformers_warpers():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50)
+    for t, k, p in [(0.7, 20, 0.8), (1.0, 0, 0.5), (1.5, 5, 1.0)]:
+        ours = filter_logits(logits, SamplingParams(temperature=t, top_k=k, top_p=p))
+        ref = TemperatureLogitsWarper(t)(None, logits)
+        if k:
+            ref = TopKLogitsWarper(k)(None, ref)
+        if p < 1:
+            ref = TopPLogitsWarper(p)(None, ref)
+        assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+        assert torch.allclose(ours[~torch.isinf(ours)], ref[~torch.isinf(ref)])
