@@ -136,7 +136,8 @@ def _analyze(args: argparse.Namespace) -> int:
     import importlib
 
     names = {"variance": "esopt.bench.variance", "step": "esopt.bench.step_probe",
-             "calibrate": "esopt.bench.calibrate", "neighbourhood": "esopt.bench.neighbourhood"}
+             "calibrate": "esopt.bench.calibrate", "neighbourhood": "esopt.bench.neighbourhood",
+             "gain": "esopt.bench.gain"}
     if args.which not in names:
         raise ValueError(f"unknown analysis {args.which!r}; choose one of {sorted(names)}")
     return importlib.import_module(names[args.which]).main(args.rest) or 0
@@ -202,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
 
-    a = sub.add_parser("analyze", help="analyses: variance | step | calibrate | neighbourhood (pass -h after the name)")
+    a = sub.add_parser("analyze", help="analyses: variance | step | calibrate | neighbourhood | gain (pass -h after the name)")
     a.add_argument("which")
     a.add_argument("rest", nargs=argparse.REMAINDER)
     a.set_defaults(func=_analyze)

@@ -1,0 +1,65 @@
+"""The analyses behind results/pretrained_gain.md, at smoke size on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from esopt.bench import calibrate, gain, neighbourhood
+from esopt.es.strategy import update_coefficients
+from esopt.train.config import build_config
+from esopt.train.es import train
+
+
+def test_mcnemar_by_hand():
+    assert gain.mcnemar_p([0] * 5, [1] * 5) == pytest.approx(2 / 32)  # 5 discordant pairs, all one way
+    assert gain.mcnemar_p([1, 0, 1, 0], [0, 1, 1, 0]) == 1.0
+    assert gain.mcnemar_p([1, 1], [1, 1]) == 1.0
+
+
+def test_permuted_records_keep_each_generations_coefficients():
+    record = {"seeds": [5, 5, 9, 9, 4, 4], "signs": [1, -1, 1, -1, 1, -1], "weights": [1.0, -1.0, 0.5, 0.2, 0, 2],
+              "alpha": 0.1, "population_size": 6}
+    (shuffled,) = gain.permuted_records([record], seed=0)
+    original, permuted = update_coefficients(record), update_coefficients(shuffled)
+    assert set(permuted) == set(original)
+    assert sorted(permuted.values()) == sorted(original.values())
+    assert shuffled["population_size"] == 6 and shuffled["alpha"] == 0.1
+
+
+@pytest.mark.slow
+def test_calibrate_neighbourhood_and_gain_smoke(tmp_path, capsys):
+    tiny = ["model.name=tiny-sudoku", "model.warm_start_steps=60", "sampling.max_new_tokens=10"]
+    assert calibrate.main(["--smoke", "--set", *tiny, "--quiet", "--out", str(tmp_path)]) == 0
+    cal = json.loads((tmp_path / "calibration.json").read_text())
+    assert [(r["size"], r["h_star"], r["temperature"]) for r in cal["rows"]] == [(4, 2, 0.0)]
+    assert 0 <= cal["rows"][0]["valid_action_rate"] <= 1
+
+    assert neighbourhood.main(["--smoke", "--set", *tiny, "--quiet", "--out", str(tmp_path)]) == 0
+    nb = json.loads((tmp_path / "neighbourhood.json").read_text())
+    (row,) = nb["rows"]
+    assert len(row["train_scores"]) == 2 and len(row["rescored"]) == 1
+    assert row["rescored"][0]["train"] == max(row["train_scores"])  # the best member is the one re-scored
+
+    opts = ["steps=2", *tiny, "env.kwargs.h_star=3", "eval.tasks=4", "eval.every=0", "es.population_size=4",
+            "es.antithetic=true", "es.tasks_per_member=4", "es.sigma=0.05", "es.sigma_min=0.01", "es.alpha=0.02",
+            "es.reward=shaped", "measure_inference_peak=false"]
+    run = tmp_path / "run-s0"
+    train(build_config({}, opts), run, progress=False)
+    argv = ["--runs", str(run), "--episodes", "6", "--temperatures", "0", "0.7", "--validation-episodes", "4",
+            "--quiet", "--out", str(tmp_path)]
+    assert gain.main(argv) == 0
+    result = json.loads((tmp_path / "gain.json").read_text())
+    names = [r["name"] for r in result["rows"]]
+    assert names == ["base", "base@T*", "es-run-s0", "random-run-s0"]
+    norms = result["norms"]
+    assert norms["es-run-s0"] > 0 and 0.3 < norms["random-run-s0"] / norms["es-run-s0"] < 3
+    base_row = result["rows"][0]
+    assert base_row["d_success"] == [0.0, 0.0, 0.0] and base_row["mcnemar_p"] == 1.0
+    assert "| base@T*=" in (tmp_path / "gain.md").read_text()
+    # a rerun reuses the cached evaluations and gives the same table
+    before = (tmp_path / "gain.md").read_text()
+    assert gain.main(argv) == 0 and (tmp_path / "gain.md").read_text() == before
+    assert np.isfinite([r["success"] for r in result["rows"]]).all()
