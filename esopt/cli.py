@@ -75,7 +75,9 @@ def _eval(args: argparse.Namespace) -> int:
         conversation=args.conversation, max_batch_size=args.batch_size, progress=not args.no_progress,
         examples=examples)
     s = summarize(trajectories)
-    print(f"model {args.model} | {args.env} {env_kwargs} | {args.episodes} episodes | T={args.temperature}")
+    dtype = next(policy.model.parameters()).dtype
+    print(f"model {args.model} ({str(dtype).removeprefix('torch.')}) | {args.env} {env_kwargs} | {args.few_shot} "
+          f"worked examples | {args.episodes} episodes | T={args.temperature}")
     print(f"success rate {s['success_rate']:.3f} | mean reward {s['mean_reward']:.3f} | mean turns "
           f"{s['mean_turns']:.2f} | valid actions {s['valid_action_rate']:.3f} | "
           f"correct given valid {s['correct_given_valid']:.3f} | "
@@ -111,7 +113,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from esopt.demo import run_demo
 
-    return run_demo(out=args.out, quick=args.quick)
+    return run_demo(out=args.out, quick=args.quick, tiny=args.tiny)
 
 
 def _pretrain(args: argparse.Namespace) -> int:
@@ -188,9 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--upto", type=int, help="replay only the first N generations")
     r.set_defaults(func=_replay)
 
-    d = sub.add_parser("demo", help="the README's main job: warm start, ES fine-tune, before/after table")
+    d = sub.add_parser("demo", help="the README's main job: ES fine-tunes SmolLM2 on Sudoku, before/after table")
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--quick", action="store_true", help="a one-minute version (smoke)")
+    d.add_argument("--tiny", action="store_true",
+                   help="the warm-started 1M-parameter model instead of SmolLM2 (machinery only: no gain)")
     d.set_defaults(func=_demo)
 
     pt = sub.add_parser("pretrain", help="supervised warm start of the tiny model (see esopt pretrain -h)",

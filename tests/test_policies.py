@@ -246,3 +246,20 @@ def test_smollm2_gguf_direct_matches_converted(smollm2_dir):
 def test_gguf_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         HFPolicy.from_pretrained(tmp_path / "model.gguf")
+
+
+@pytest.mark.slow
+def test_smollm2_bf16_few_shot_sudoku_through_esopt_eval(smollm2_dir, capsys):
+    from esopt.cli import main
+
+    argv = ["eval", "--model", "smollm2", "--few-shot", "2", "--env-arg", "show_empty=true", "--h-star", "1",
+            "--episodes", "6", "--temperature", "0", "--max-new-tokens", "10", "--samples", "1", "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "model smollm2 (bfloat16)" in out and "2 worked examples" in out
+    import re
+
+    assert 0 <= float(re.search(r"valid actions ([0-9.]+)", out).group(1)) <= 1
+    assert 0 <= float(re.search(r"correct given valid ([0-9.]+)", out).group(1)) <= 1
+    # the pretrained model follows the few-shot format: its first action is a `set r c v` move
+    assert "action: 'set " in out

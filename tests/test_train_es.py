@@ -151,7 +151,7 @@ def test_shipped_configs_validate():
 def test_quick_demo_prints_the_before_after_table(tmp_path, capsys):
     from esopt.demo import run_demo
 
-    assert run_demo(out=tmp_path / "demo", quick=True) == 0
+    assert run_demo(out=tmp_path / "demo", quick=True, tiny=True) == 0
     out = capsys.readouterr().out
     assert "success rate" in out and "ES fine-tuned" in out and "ES / inference-only" in out
     assert (tmp_path / "demo" / "final" / "model.safetensors").exists()

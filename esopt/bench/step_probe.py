@@ -37,7 +37,7 @@ import torch
 
 from esopt.bench import add_analysis_options
 
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo_tiny.yaml"
 
 
 @dataclass

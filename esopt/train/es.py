@@ -197,6 +197,8 @@ def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress
             done = gen + 1
             line = (f"gen {done}/{config.steps} | reward mean {row['reward_mean']:.3f} max {row['reward_max']:.3f}"
                     f" | sigma {told.sigma:.2e} alpha {told.alpha:.2e}")
+            if "pair_disagreement" in row:
+                line += f" | pairs differ {row['pair_disagreement']:.2f}"
             if (config.eval.every and done % config.eval.every == 0) or done == config.steps:
                 evals[done] = run_eval(done)
                 line += f" | eval success {evals[done]['success_rate']:.3f}"
