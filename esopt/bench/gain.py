@@ -79,7 +79,7 @@ def _step_norm(policy, base_state: dict[str, torch.Tensor]) -> float:
 
 
 def measure(runs: list[Path], split: str, episodes: int, temperatures: list[float], validation_episodes: int,
-            controls: bool, out: Path, progress: bool = True) -> dict:
+            controls: bool, out: Path, progress: bool = True, es_runs: bool = True) -> dict:
     from esopt.es import read_history, replay
     from esopt.train.common import env_factory, load_model
     from esopt.train.config import load_config
@@ -116,7 +116,8 @@ def measure(runs: list[Path], split: str, episodes: int, temperatures: list[floa
     norms = {}
     for run in runs:
         records = read_history(run / "history.jsonl")
-        variants = [("es", records)] + ([("random", permuted_records(records, 0))] if controls else [])
+        variants = ([("es", records)] if es_runs else []) + (
+            [("random", permuted_records(records, 0))] if controls else [])
         for kind, recs in variants:
             name = f"{kind}-{run.name}"
             with torch.no_grad():
@@ -181,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="base temperatures tried on the validation split (none: skip the control)")
     p.add_argument("--validation-episodes", type=int, default=512)
     p.add_argument("--no-controls", action="store_true", help="skip the random-step controls")
+    p.add_argument("--controls-only", action="store_true",
+                   help="evaluate only the base and the random-step controls (to run beside a --no-controls process)")
     add_analysis_options(p, "OUT/gain.md, OUT/gain.json and OUT/gain_evals/")
     return p
 
@@ -194,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         raise FileNotFoundError(f"not an ES run directory (no history.jsonl): {missing[0]}")
     out = Path(args.out)
-    result = measure(args.runs, args.split, args.episodes, args.temperatures, args.validation_episodes,
-                     not args.no_controls, out, progress=not args.quiet)
+    result = measure(args.runs, args.split, args.episodes, [] if args.controls_only else args.temperatures,
+                     args.validation_episodes, not args.no_controls, out, progress=not args.quiet,
+                     es_runs=not args.controls_only)
     text = report(result)
     (out / "gain.md").write_text(text)
     (out / "gain.json").write_text(json.dumps({**result, "rows": rows(result)}, indent=1))
