@@ -1,6 +1,6 @@
 """`esopt analyze calibrate`: a model's base behaviour on a grid of task settings, before any training.
 
-For every (board size, H*, temperature) it runs the same held-out episodes and reports success, the
+For every (board size, H*, temperature) it runs the same validation episodes and reports success, the
 valid-action rate, correctness given a valid action, mean turns and the shaped score, so a training
 setting can be picked where base success is neither ~0 nor saturated and the errors are ones a small
 change of behaviour could fix. The model is loaded once; env options are training-config overrides.
@@ -32,8 +32,9 @@ def measure(overrides: list[str], sizes: list[int], h_stars: list[int], temperat
     rows, t0 = [], time.perf_counter()
     for size in sizes:
         for h in h_stars:
+            # the validation split: choosing a task setting is tuning, and the test split is for reporting
             config = load_config(None, [*overrides, f"env.kwargs.size={size}", f"env.kwargs.h_star={h}",
-                                        f"eval.tasks={episodes}", "eval.repeats=1"])
+                                        f"eval.tasks={episodes}", "eval.repeats=1", "eval.split=validation"])
             make = env_factory(config)
             for temperature in temperatures:
                 sampling = config.sampling.model_copy(update={"temperature": temperature}).params()
