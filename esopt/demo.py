@@ -1,8 +1,9 @@
 """`esopt demo` / `make demo`: ES fine-tunes an agent and shows before/after on held-out puzzles.
 
-Default: SmolLM2-135M-Instruct (pretrained, bf16) on multi-turn 4x4 Sudoku (`configs/demo.yaml`), where
-ES gives a measurable held-out gain (results/pretrained_gain.md). `--tiny`: the warm-started 1M-parameter
-Llama (`configs/demo_tiny.yaml`), which shows the machinery but no gain (results/es_step_probe.md).
+Default: the warm-started 1M-parameter Llama (`configs/demo_tiny.yaml`): the machinery, but no gain
+(results/es_step_probe.md). `--smollm2`: SmolLM2-135M-Instruct (pretrained, bf16) on multi-turn 4x4 Sudoku
+(`configs/demo.yaml`), where ES gave validation gains in 3 seeds (results/pretrained_gain.md); its test-split
+table and demo timing are not measured yet, so it is not the default.
 `--quick` shrinks either to about a minute (smoke tests).
 """
 
@@ -19,8 +20,8 @@ QUICK = {
     "tiny": ["steps=2", "model.warm_start_steps=60", "es.population_size=4", "es.tasks_per_member=4",
              "eval.tasks=8", "eval.repeats=1", "eval.every=0"],
 }
-# measured wall-clock of the full demo on a 2-core machine, set-up excluded (README)
-EXPECTED_MINUTES = {"smollm2": 16, "tiny": 10}
+# wall-clock of the full demo on a 2-core machine, set-up excluded (tiny: README)
+EXPECTED_MINUTES = {"smollm2": 30, "tiny": 10}  # smollm2: one-core run length; the 2-core demo is not measured
 
 
 def _warm_start(config) -> None:
@@ -36,7 +37,7 @@ def _warm_start(config) -> None:
                     str(config.model.seed)], check=True)
 
 
-def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = False) -> int:
+def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = True) -> int:
     import shutil
 
     import torch
