@@ -12,14 +12,12 @@ change of behaviour could fix. The model is loaded once; env options are trainin
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from esopt.bench import add_analysis_options
+from esopt.bench import add_analysis_options, write_report
 
 
 def measure(overrides: list[str], sizes: list[int], h_stars: list[int], temperatures: list[float], episodes: int,
@@ -85,13 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
     result = measure(args.set, args.sizes, args.h_stars, args.temperatures, args.episodes, progress=not args.quiet)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report(result)
-    (out / "calibration.md").write_text(text)
-    (out / "calibration.json").write_text(json.dumps(result, indent=1))
-    print(text)
-    print(f"wrote {out / 'calibration.md'} and {out / 'calibration.json'}")
+    write_report(args.out, "calibration", report(result), result)
     return 0
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from esopt.bench import add_analysis_options
+from esopt.bench import add_analysis_options, fmt_change, write_report
 
 
 def mcnemar_p(before: list[int], after: list[int]) -> float:
@@ -162,9 +162,9 @@ def report(result: dict) -> str:
         ds, dh = r["d_success"], r["d_shaped"]
         norm = f"{r['step_norm']:.2f}" if r["step_norm"] is not None else "-"
         name = r["name"] if r["name"] != "base@T*" else f"base@T*={result['best_temperature']:g}"
-        lines.append(f"| {name} | {r['generations'] or '-'} | {norm} | {r['success']:.3f} | {ds[0]:+.3f} "
-                     f"[{ds[1]:+.3f}, {ds[2]:+.3f}] | {r['mcnemar_p']:.3g} | {r['shaped']:.3f} | {dh[0]:+.3f} "
-                     f"[{dh[1]:+.3f}, {dh[2]:+.3f}] | {r['valid']:.3f} | {r['correct_given_valid']:.3f} |")
+        lines.append(f"| {name} | {r['generations'] or '-'} | {norm} | {r['success']:.3f} | {fmt_change(ds)} | "
+                     f"{r['mcnemar_p']:.3g} | {r['shaped']:.3f} | {fmt_change(dh)} | {r['valid']:.3f} | "
+                     f"{r['correct_given_valid']:.3f} |")
     if result["validation"]:
         scores = ", ".join(f"T={t}: {s[0]:.3f}" for t, s in result["validation"].items())
         lines += ["", f"Base temperature chosen on {result['validation_episodes']} validation episodes (success): "
@@ -200,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.runs, args.split, args.episodes, [] if args.controls_only else args.temperatures,
                      args.validation_episodes, not args.no_controls, out, progress=not args.quiet,
                      es_runs=not args.controls_only)
-    text = report(result)
-    (out / "gain.md").write_text(text)
-    (out / "gain.json").write_text(json.dumps({**result, "rows": rows(result)}, indent=1))
-    print(text)
-    print(f"wrote {out / 'gain.md'} and {out / 'gain.json'}")
+    write_report(args.out, "gain", report(result), {**result, "rows": rows(result)})
     return 0
 
 

@@ -12,15 +12,13 @@ at that sigma ("neural thickets"); one that falls back to the base means its tra
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from esopt.bench import add_analysis_options
+from esopt.bench import add_analysis_options, fmt_change, write_report
 
 
 def measure(config_path: str | None, overrides: list[str], sigmas: list[float], k: int, tasks: int, top: int,
@@ -106,9 +104,8 @@ def report(result: dict) -> str:
         s = np.array(row["train_scores"])
         spread = f"{s.min():.3f} / {np.median(s):.3f} / {s.max():.3f}"
         for r in row["rescored"]:
-            ds, dh = r["d_success"], r["d_shaped"]
             lines.append(f"| {row['sigma']:g} | {spread} | {r['member']} | {r['train']:.3f} | {r['success']:.3f} | "
-                         f"{ds[0]:+.3f} [{ds[1]:+.3f}, {ds[2]:+.3f}] | {dh[0]:+.3f} [{dh[1]:+.3f}, {dh[2]:+.3f}] | "
+                         f"{fmt_change(r['d_success'])} | {fmt_change(r['d_shaped'])} | "
                          f"{r['valid']:.3f} | {r['correct_given_valid']:.3f} |")
     return "\n".join(lines) + "\n"
 
@@ -139,13 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError("need --k >= 1, --tasks >= 1, 1 <= --top <= --k and every sigma > 0")
     result = measure(args.config, args.set, args.sigmas, args.k, args.tasks, args.top, args.seed,
                      progress=not args.quiet)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report(result)
-    (out / "neighbourhood.md").write_text(text)
-    (out / "neighbourhood.json").write_text(json.dumps(result, indent=1))
-    print(text)
-    print(f"wrote {out / 'neighbourhood.md'} and {out / 'neighbourhood.json'}")
+    write_report(args.out, "neighbourhood", report(result), result)
     return 0
 
 

@@ -25,7 +25,6 @@ Measured (2 CPU cores, one torch thread): 64 x 12 episodes ~45 s, then ~25 s per
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from esopt.bench import add_analysis_options
+from esopt.bench import add_analysis_options, fmt_change, write_report
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo_tiny.yaml"
 
@@ -173,8 +172,7 @@ def report(result: dict) -> str:
     for row in result["rows"]:
         ds, dh = row["d_success"], row["d_shaped"]
         lines.append(f"| {row['variant']} | {row['group']} | {row['alpha']:g} | {row['step_norm']:.3f} | "
-                     f"{row['success']:.3f} | {ds[0]:+.3f} [{ds[1]:+.3f}, {ds[2]:+.3f}] | "
-                     f"{dh[0]:+.3f} [{dh[1]:+.3f}, {dh[2]:+.3f}] |")
+                     f"{row['success']:.3f} | {fmt_change(ds)} | {fmt_change(dh)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -209,13 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     setup.control = not args.no_control
     setup.pair_tasks = args.pair_tasks
     result = measure(setup, progress=not args.quiet)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report(result)
-    (out / "step_probe.md").write_text(text)
-    (out / "step_probe.json").write_text(json.dumps(result, indent=1, default=str))
-    print(text)
-    print(f"wrote {out / 'step_probe.md'} and {out / 'step_probe.json'}")
+    write_report(args.out, "step_probe", report(result), result)
     return 0
 
 

@@ -99,7 +99,6 @@ def generate_with_shared_prefix(
         mask[i, prefix_len + width - len(s):] = 1
         positions[i, width - len(s):] = torch.arange(prefix_len, prefix_len + len(s))
     input_ids, mask, positions = input_ids.to(dev), mask.to(dev), positions.to(dev)
-    step_positions = positions[:, -1:]
     cache_position = torch.arange(prefix_len, prefix_len + width, device=dev)
 
     eos = torch.tensor(list(eos_token_ids), device=dev)
@@ -120,8 +119,7 @@ def generate_with_shared_prefix(
         if bool(done.all()) or t + 1 == sampling.max_new_tokens:
             break
         input_ids = token[:, None]
-        step_positions = step_positions + 1
-        positions = step_positions
+        positions = positions[:, -1:] + 1
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=dev)], dim=1)
         cache_position = cache_position[-1:] + 1
 
