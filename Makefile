@@ -21,11 +21,11 @@ demo: venv
 	$(VENV)/bin/esopt demo
 
 test: venv
-	$(VENV)/bin/ruff check esopt tests bench
+	$(VENV)/bin/ruff check esopt tests
 	$(PY) -m pytest -q -n 2 --durations=15
 
 lint: venv
-	$(VENV)/bin/ruff check esopt tests bench
+	$(VENV)/bin/ruff check esopt tests
 
 clean:
-	rm -rf $(VENV) runs/.pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache build dist

@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   esopt train configs/sudoku4_h10_cpu.yaml es.sigma=2e-3 env.kwargs.h_star=15
   esopt train --resume runs/smoke
   esopt eval --model tiny-sudoku --size 4 --h-star 10 --episodes 64
+  esopt eval --model smollm2 --env esopt/Sudoku-v0 --env-kwargs '{"size": 4, "h_star": 1, "show_empty": true}' --few-shot 2
   esopt replay runs/smoke --out runs/smoke-replayed
   esopt demo
 """
@@ -52,20 +53,11 @@ def _eval(args: argparse.Namespace) -> int:
     from esopt.train.common import load_model, summarize
     from esopt.train.config import ModelSection
 
-    env_kwargs = {"size": args.size, "h_star": args.h_star}
-    if args.reward:
-        env_kwargs["reward"] = args.reward
-    for pair in args.env_arg or []:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--env-arg {pair!r} must look like key=value")
-        import yaml
-
-        env_kwargs[key] = yaml.safe_load(raw)
-    policy = load_model(ModelSection(name=args.model, dtype=args.dtype, device=args.device), env_kwargs)
+    env_kwargs = _env_kwargs(args)
     from esopt.envs import make_env
 
-    make_env(args.env, **env_kwargs).close()
+    make_env(args.env, **env_kwargs).close()  # a bad env id or argument fails before the model loads
+    policy = load_model(ModelSection(name=args.model, dtype=args.dtype, device=args.device), env_kwargs)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     seeds = [args.task_seed + i for i in range(args.episodes)]
     with make_env(args.env, **env_kwargs) as env:
@@ -90,6 +82,33 @@ def _eval(args: argparse.Namespace) -> int:
         if t.num_turns > 6:
             print(f"          ... {t.num_turns - 6} more turns")
     return 0
+
+
+def _env_kwargs(args: argparse.Namespace) -> dict:
+    """--env-kwargs JSON, then the Sudoku shortcuts (--size, --h-star, --reward) when the env is Sudoku,
+    then --env-arg KEY=VALUE pairs."""
+    import json
+
+    import yaml
+
+    try:
+        kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--env-kwargs is not valid JSON: {e}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+    if args.env == "esopt/Sudoku-v0":
+        shortcuts = {"size": args.size or 4, "h_star": args.h_star or 5, "reward": args.reward}
+        kwargs = {**{k: v for k, v in shortcuts.items() if v is not None}, **kwargs}
+    elif any(v is not None for v in (args.size, args.h_star, args.reward)):
+        raise ValueError(f"--size, --h-star and --reward are Sudoku options; pass {args.env}'s arguments "
+                         "with --env-kwargs JSON")
+    for pair in args.env_arg or []:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--env-arg {pair!r} must look like key=value")
+        kwargs[key] = yaml.safe_load(raw)
+    return kwargs
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -117,7 +136,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from esopt.train.pretrain import main_pretrain
+    from esopt.envs.sudoku_warm_start import main_pretrain
 
     return main_pretrain(args.rest)
 
@@ -125,21 +144,18 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import importlib
 
-    names = {"overhead": "bench.es_overhead", "rollout": "bench.rollout_throughput", "horizon": "esopt.bench.horizon"}
+    names = {"overhead": "esopt.bench.es_overhead", "rollout": "esopt.bench.rollout_throughput", "horizon": "esopt.bench.horizon"}
     if args.which not in names:
         raise ValueError(f"unknown benchmark {args.which!r}; choose one of {sorted(names)}")
-    root = Path(__file__).resolve().parent.parent
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
     return importlib.import_module(names[args.which]).main(args.rest) or 0
 
 
 def _analyze(args: argparse.Namespace) -> int:
     import importlib
 
-    names = {"variance": "esopt.bench.variance", "step": "esopt.bench.step_probe",
-             "calibrate": "esopt.bench.calibrate", "neighbourhood": "esopt.bench.neighbourhood",
-             "gain": "esopt.bench.gain"}
+    names = {"variance": "esopt.analysis.variance", "step": "esopt.analysis.step_probe",
+             "calibrate": "esopt.analysis.calibrate", "neighbourhood": "esopt.analysis.neighbourhood",
+             "gain": "esopt.analysis.gain"}
     if args.which not in names:
         raise ValueError(f"unknown analysis {args.which!r}; choose one of {sorted(names)}")
     return importlib.import_module(names[args.which]).main(args.rest) or 0
@@ -159,12 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
     t.set_defaults(func=_train)
 
-    e = sub.add_parser("eval", help="roll out a model on Sudoku and print success, reward, turns, tokens/s")
+    e = sub.add_parser("eval", help="roll out a model on an env and print success, reward, turns, tokens/s")
     e.add_argument("--model", default="tiny", help="tiny | tiny-sudoku | smollm2 | local HF dir | .gguf file")
     e.add_argument("--env", default="esopt/Sudoku-v0", help="registered env id")
-    e.add_argument("--size", type=int, default=4, help="board size: 4, 6 or 9")
-    e.add_argument("--h-star", type=int, default=5, help="holes = minimum turns to succeed")
-    e.add_argument("--reward", choices=["binary", "shaped"], help="env reward (default binary)")
+    e.add_argument("--env-kwargs", metavar="JSON", help='env arguments as a JSON object, e.g. \'{"size": 4}\'')
+    e.add_argument("--size", type=int, help="Sudoku: board size 4, 6 or 9 (default 4)")
+    e.add_argument("--h-star", type=int, help="Sudoku: holes = minimum turns to succeed (default 5)")
+    e.add_argument("--reward", choices=["binary", "shaped"], help="Sudoku: env reward (default binary)")
     e.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
                    help="extra env argument (repeatable), e.g. --env-arg show_empty=true")
     e.add_argument("--episodes", type=int, default=32)
@@ -234,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides = list(args.overrides) + extra
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from esopt.utils.progress import interactive, quiet_libraries
+
+    if getattr(args, "no_progress", False) or not interactive():
+        quiet_libraries()  # no shard/weight-loading bars in logs
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parent / "configs"
 DEMOS = {"smollm2": CONFIGS / "demo.yaml", "tiny": CONFIGS / "demo_tiny.yaml"}
 QUICK = {
     "smollm2": ["steps=1", "es.population_size=2", "es.tasks_per_member=4", "eval.tasks=8", "eval.every=0"],
@@ -31,7 +31,7 @@ def _warm_start(config) -> None:
     import sys
 
     env = config.env.kwargs
-    code = ("import sys; from esopt.train.common import warm_start_path; "
+    code = ("import sys; from esopt.envs.sudoku_warm_start import warm_start_path; "
             "warm_start_path(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
     subprocess.run([sys.executable, "-c", code, str(env["size"]), str(config.model.warm_start_steps),
                     str(config.model.seed)], check=True)

@@ -167,6 +167,10 @@ def env_examples(env: gym.Env, count: int) -> list[tuple[str, str]]:
     return [(str(o), str(a)) for o, a in make(count)]
 
 
+def count_tokens(policy: Policy, text: str) -> int:
+    return len(policy.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 class _Episode:
     """Book-keeping of one live episode."""
 
@@ -181,11 +185,28 @@ class _Episode:
         obs, _ = env.reset(seed=task_seed)
         self.obs = str(obs)
         self.history: list[Message] = markov_messages(system_prompt, self.obs, examples)
+        self.first_turn = len(self.history) - 1  # index of the episode's first observation
 
     def messages(self) -> list[Message]:
         if self.conversation == "history":
             return self.history
         return markov_messages(self.system_prompt, self.obs, self.examples)
+
+    def drop_oldest_exchange(self) -> bool:
+        """History mode over its context budget: forget the oldest (observation, action) exchange. The
+        system prompt, the worked examples and the current observation always stay."""
+        if len(self.history) - self.first_turn < 3:
+            return False
+        del self.history[self.first_turn : self.first_turn + 2]
+        return True
+
+    def prompt(self, policy: Policy, max_prompt_tokens: int | None) -> str:
+        prompt = policy.build_prompt(self.messages())
+        if max_prompt_tokens is None or self.conversation != "history":
+            return prompt
+        while count_tokens(policy, prompt) > max_prompt_tokens and self.drop_oldest_exchange():
+            prompt = policy.build_prompt(self.messages())
+        return prompt
 
     def step(self, prompt: str, gen: Generation, max_turns: int | None) -> None:
         obs, reward, terminated, truncated, info = self.env.step(gen.text)
@@ -224,17 +245,21 @@ def run_episodes(
     max_turns: int | None = None,
     progress: bool = False,
     examples: Examples = (),
+    max_prompt_tokens: int | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Run one episode per task seed in lockstep; trajectories come back in task_seeds order.
 
     system_prompt None => each env's `unwrapped.instructions`. max_turns (optional) truncates episodes
     the env itself would not end; normally the env's own turn cap ends them. `examples`: worked
     (observation, action) exchanges placed as chat turns between the system prompt and the episode.
+    max_prompt_tokens (history mode): the context budget; the oldest exchanges are dropped to fit it.
     """
     if conversation not in ("markov", "history"):
         raise ValueError(f"conversation must be 'markov' or 'history', got {conversation!r}")
     if max_batch_size is not None and max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be >= 1 or None, got {max_prompt_tokens}")
     start = time.perf_counter()
     stats = RolloutStats(episodes=len(task_seeds))
     envs: list[gym.Env] = []
@@ -247,12 +272,12 @@ def run_episodes(
             system = resolve_system_prompt(env, system_prompt)
             episodes.append(_Episode(env, int(task_seed), system, conversation, examples))
         if progress:
-            from tqdm.auto import tqdm
+            from esopt.utils.progress import progress_bar
 
-            bar = tqdm(desc="rollout", unit="turn", leave=False)
+            bar = progress_bar(None, "rollout", leave=False, unit="turn")
         turn = 0
         while active := [e for e in episodes if not e.done]:
-            prompts = [policy.build_prompt(e.messages()) for e in active]
+            prompts = [e.prompt(policy, max_prompt_tokens) for e in active]
             chunk = max_batch_size or len(active)
             gens = []
             t0 = time.perf_counter()
@@ -271,7 +296,7 @@ def run_episodes(
             turn += 1
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(active=len(active))
+                bar.set_postfix_str(f"active={len(active)}")
     finally:
         if bar is not None:
             bar.close()

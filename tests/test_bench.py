@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from esopt.bench import horizon, variance
+from esopt.analysis import variance
+from esopt.bench import horizon
 from esopt.cli import main as cli_main
 from esopt.train.config import load_config
 
@@ -133,7 +134,7 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
 
 
 def test_step_probe_smoke_compares_the_es_step_with_a_same_length_random_control(tmp_path):
-    from esopt.bench import step_probe
+    from esopt.analysis import step_probe
 
     assert step_probe.main(["--smoke", "--quiet", "--pairs", "3", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "step_probe.json").read_text())

@@ -230,7 +230,7 @@ def test_combine_is_the_update_direction():
     es = ES(model, ESConfig(population_size=3, sigma=0.1, alpha=0.3, shaping="identity"))
     members = es.ask()
     coefs = {m.seed: w for m, w in zip(members, [1.0, -2.0, 0.5])}
-    (combined,) = es.noise.combine(coefs)
+    (combined,) = es.perturbation.combine(coefs)
     src = NoiseSource()
     torch.testing.assert_close(combined, sum(c * src.full(s, "x", (50,)) for s, c in coefs.items()))
     es.tell([1.0, -2.0, 0.5])
@@ -290,13 +290,13 @@ def test_scope_selection_and_tied_weights():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"population_size": 0}, "population_size must be >= 1"),
+        ({"population_size": 0}, "greater than or equal to 1"),
         ({"population_size": 3, "antithetic": True}, "even population_size"),
-        ({"sigma": -1e-3}, "sigma must be > 0"),
-        ({"shaping": "softmax"}, "unknown shaping"),
-        ({"sigma_schedule": "exp"}, "unknown schedule"),
-        ({"restore": "undo"}, "restore must be"),
-        ({"scope": {"kind": "regex"}}, "needs a pattern"),
+        ({"sigma": -1e-3}, "greater than 0"),
+        ({"shaping": "softmax"}, "'zscore', 'centered_rank' or 'identity'"),
+        ({"sigma_schedule": "exp"}, "'constant', 'cosine' or 'linear'"),
+        ({"restore": "undo"}, "'exact' or 'subtract'"),
+        ({"scope": "regex"}, "needs a pattern"),
     ],
 )
 def test_bad_config_raises_clear_error(kwargs, message):

@@ -67,7 +67,7 @@ def test_task_seeds_form_contiguous_groups():
     seeds = GRPO(HFPolicy(model, tok), None, config).task_seeds(0)
     assert len(seeds) == 12 and len(set(seeds)) == 3
     assert all(len(set(seeds[i : i + 4])) == 1 for i in range(0, 12, 4))
-    assert config.batch_tasks == 12
+    assert config.episodes_per_step == 12
 
 
 def _encoded(tok, text: str) -> list[int]:
@@ -146,7 +146,7 @@ def test_shipped_configs_validate(name):
     if name.endswith("paper"):
         g = config.grpo
         assert (g.group_size, g.lr, g.kl_beta, g.clip_eps) == (8, 1e-6, 1e-3, 0.2)
-        assert config.batch_tasks == 1024 and config.env.kwargs["size"] == 9 and config.env.kwargs["h_star"] == 10
+        assert config.episodes_per_step == 1024 and config.env.kwargs["size"] == 9 and config.env.kwargs["h_star"] == 10
 
 
 def test_copies_of_a_task_in_one_batch_sample_independently():

@@ -24,7 +24,6 @@ from esopt.train.pg import (
     minibatch_norm,
     optimize,
     policy_loss,
-    save_checkpoint,
     shuffle_generator,
     token_logprobs,
     turn_samples,
@@ -163,7 +162,8 @@ def test_checkpoint_holds_state_and_resume_skips_incomplete_ones(tmp_path):
     opt = make_optimizer([("policy", [w], 1e-3)], PGSection())
     w.grad = torch.ones(2)
     opt.step()
-    save_checkpoint(rd, policy, 3, "grpo", {"optimizer": opt.state_dict()}, keep=2)
+    state = {"optimizer": opt.state_dict()}
+    rd.save_checkpoint(policy, 3, {"algo": "grpo"}, keep=2, extra_files={STATE_FILE: lambda p: torch.save(state, p)})
     path = rd.checkpoints / "step_000003"
     assert (path / STATE_FILE).exists() and (path / "model.safetensors").exists()
     assert not list(rd.checkpoints.glob(".*"))  # no temp dirs left behind

@@ -138,4 +138,4 @@ def test_config_errors_and_shipped_configs():
     for name in ("ppo_smoke", "ppo_sudoku9_paper"):
         config = load_config(root / f"{name}.yaml")
         assert isinstance(config, PPOTrainConfig)
-    assert config.batch_tasks == 1024 and config.ppo.epochs == 4 and config.ppo.clip_eps == 0.2
+    assert config.episodes_per_step == 1024 and config.ppo.epochs == 4 and config.ppo.clip_eps == 0.2

@@ -10,9 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from esopt.cli import main as cli_main
 from esopt.envs.sudoku import SudokuEnv, oracle_move, parse_action
-from esopt.policies import HFPolicy, build_tiny_model
-from esopt.rollout import build_markov_prompt
-from esopt.train.pretrain import (
+from esopt.envs.sudoku_warm_start import (
     Demo,
     encode_batch,
     iter_demos,
@@ -20,6 +18,8 @@ from esopt.train.pretrain import (
     random_invalid_move,
     take,
 )
+from esopt.policies import HFPolicy, build_tiny_model
+from esopt.rollout import build_markov_prompt
 
 
 @pytest.fixture(scope="module")

@@ -183,3 +183,16 @@ def test_train_loop_climbs_a_reward_that_is_linear_in_the_weights(tmp_path, monk
     values = [r["reward_mean"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
               if r["kind"] == "train"]
     assert len(values) == 4 and all(b > a for a, b in zip(values, values[1:])), values
+
+
+def test_shipped_smoke_config_makes_real_updates(tmp_path):
+    """`esopt train smoke` (found by name, as in a non-editable install): every generation's members score
+    differently, so every update is non-zero (a replay or resume test on it checks something)."""
+    out = tmp_path / "smoke"
+    summary = train(load_config("smoke", ["steps=2", "eval.tasks=4", "measure_inference_peak=false"]), out,
+                    progress=False)
+    assert summary["steps_done"] == 2
+    for record in read_history(out / "history.jsonl"):
+        assert len(set(record["rewards"])) > 1 and any(w != 0 for w in record["weights"])
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["update_rms"] > 0 for r in rows if r["kind"] == "train")

@@ -208,7 +208,7 @@ def _train_in_child(run: Path, resume: bool, threads: int) -> int:
 
 def run_all(plan: Plan, out: Path, resume: bool = False, threads: int = 1, progress: bool = False) -> list[str]:
     """Train every (method, H*, seed) not finished yet; returns the names of failed runs."""
-    from esopt.train.common import warm_start_path
+    from esopt.envs.sudoku_warm_start import warm_start_path
     from esopt.train.config import dump_config, load_config
 
     root = out / "horizon"

@@ -8,10 +8,12 @@ episode's H*, so the env truncates itself.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import gymnasium
 
+from esopt.envs.base import AgentEnv, EnvContractError, check_env
 from esopt.envs.sudoku import SudokuEnv
 
 SUDOKU_ID = "esopt/Sudoku-v0"
@@ -22,8 +24,18 @@ if SUDOKU_ID not in gymnasium.registry:  # re-import safe (no "overriding enviro
 
 
 def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
-    """`gymnasium.make(env_id, **kwargs)` with this package's envs registered."""
-    return gymnasium.make(env_id, **kwargs)
+    """`gymnasium.make(env_id, **kwargs)` with this package's envs registered. An unknown id or an
+    argument the env does not take is a ValueError naming it (one line, no traceback at the CLI)."""
+    try:
+        spec = gymnasium.spec(env_id)
+    except gymnasium.error.Error:
+        raise ValueError(f"unknown env id {env_id!r}; registered esopt envs: {ENV_IDS}") from None
+    try:
+        return gymnasium.make(spec, **kwargs)
+    except TypeError as e:
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        what = f"unknown argument {bad.group(1)!r}" if bad else (str(e).splitlines() or ["bad arguments"])[0]
+        raise ValueError(f"env {env_id}: {what} (env kwargs given: {sorted(kwargs)})") from None
 
 
-__all__ = ["ENV_IDS", "SUDOKU_ID", "SudokuEnv", "make_env"]
+__all__ = ["ENV_IDS", "SUDOKU_ID", "AgentEnv", "EnvContractError", "SudokuEnv", "check_env", "make_env"]

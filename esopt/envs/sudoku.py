@@ -20,6 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from esopt.envs.base import AgentEnv
 from esopt.envs.text_space import FreeText, ascii_text_space
 
 # size -> (box rows, box cols)
@@ -476,7 +477,7 @@ def parse_action(text: Any, size: int) -> tuple[int, int, int] | str:
 # ----------------------------------------------------------------------------------------- environment
 
 
-class SudokuEnv(gym.Env[str, str]):
+class SudokuEnv(AgentEnv):
     """Multi-turn text Sudoku for LLM agents.
 
     ## Description

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from esopt.es.noise import NOISE_SPEC_VERSION
+from esopt.es.perturbation import apply_record, build_perturbation
+from esopt.es.scope import ParamScope, select_parameters
 
 
 class Ledger:
@@ -67,22 +68,18 @@ def read_history(path: str | Path) -> list[dict]:
 
 def replay(model: torch.nn.Module, history: str | Path | Iterable[dict], upto: int | None = None) -> torch.nn.Module:
     """Rebuild trained weights in place from the base `model` and the ledger (first `upto` generations)."""
-    from esopt.es.scope import ParamScope, select_parameters
-    from esopt.es.strategy import ParameterNoise, apply_record
-
     records = read_history(history) if isinstance(history, (str, Path)) else list(history)
     records = records[:upto]
     if not records:
         return model
     first = records[0]
     for r in records:
-        if r["noise"]["version"] != NOISE_SPEC_VERSION:
-            raise ValueError(f"generation {r['generation']} used noise spec v{r['noise']['version']}, "
-                             f"this esopt has v{NOISE_SPEC_VERSION}")
+        if r["noise"] != first["noise"] or r["scope"] != first["scope"]:
+            raise ValueError(f"generation {r['generation']} changed the noise spec or scope mid-run; "
+                             "a ledger replays with one")
     params = select_parameters(model, ParamScope(**first["scope"]))
     # An exact-restore run updated an fp32 master; replay does the same so bf16 models match too.
-    noise = ParameterNoise(params, restore=first["restore"], chunk_numel=first["noise"]["chunk_numel"])
+    perturbation = build_perturbation(params, first["noise"], restore=first["restore"])
     for r in records:
-        if r["alpha"] > 0:
-            apply_record(noise, r)
+        apply_record(perturbation, r)
     return model

@@ -2,8 +2,9 @@
 
 Every (member seed, tensor name, chunk index) gets its own stream: the name is hashed (stable across
 processes, unlike `hash()`) and mixed into the seed with splitmix64, so two tensors of one member are
-independent (one shared seed would make them correlated). The chunk size is part of the noise spec: the
-same spec, seed and device type always give the same numbers, in any order and on any restart.
+independent (one shared seed would make them correlated). The chunk size is part of the noise spec
+(`perturbation.py`): the same spec, seed and device type always give the same numbers, in any order
+and on any restart.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
-NOISE_SPEC_VERSION = 1
-DEFAULT_CHUNK_NUMEL = 1 << 20  # 4 MiB of fp32 per chunk
+from esopt.es.config import DEFAULT_CHUNK_NUMEL
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -35,10 +36,6 @@ def stream_seed(member_seed: int, name: str, chunk: int) -> int:
     x = _splitmix64(x ^ name_hash(name))
     x = _splitmix64(x ^ chunk)
     return x >> 1
-
-
-def noise_spec(chunk_numel: int = DEFAULT_CHUNK_NUMEL) -> dict:
-    return {"version": NOISE_SPEC_VERSION, "dist": "normal", "dtype": "float32", "chunk_numel": chunk_numel}
 
 
 class NoiseSource:

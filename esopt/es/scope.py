@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class ParamScope:
 
 
 def select_parameters(model: torch.nn.Module, scope: ParamScope) -> list[tuple[str, torch.nn.Parameter]]:
+    import torch
+
     named = list(model.named_parameters())  # deduplicated: tied tensors appear once
     if scope.kind == "full":
         chosen = named

@@ -8,9 +8,10 @@ A policy turns chat messages into prompts and generates completions in batches. 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,14 @@ class SamplingParams:
     top_p: float = 0.8
     top_k: int = 20
     max_new_tokens: int = 64
+    # generation ends after the first of these strings (ReAct: "Observation:"); the text excludes it, the
+    # token ids keep the tokens that completed it (as vLLM does)
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(self.stop)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -69,3 +76,25 @@ class Policy(Protocol):
     ) -> list[Generation]:
         """Generate one completion per prompt in one batched call; same seed => same output."""
         ...
+
+    def weights_changed(self) -> None:
+        """Called whenever the model's weights were changed in place (perturb, restore, update): a
+        backend drops whatever it cached for the old weights (KV/prefix caches, a copy on a device)."""
+        ...
+
+
+def cut_at_stop(generation: Generation, stop: tuple[str, ...], decode) -> Generation:
+    """The generation ended at the first stop string: text before it, token ids (and log-probs) up to
+    the token that completed it. `decode(ids) -> str`. Model output is untrusted: any text is fine."""
+    hits = [i for i in (generation.text.find(s) for s in stop) if i >= 0]
+    if not hits:
+        return generation
+    cut = min(hits)
+    n = len(generation.token_ids)
+    for k in range(1, n + 1):  # the shortest token prefix whose text reaches past the stop string
+        text = decode(generation.token_ids[:k])
+        if any(text.find(s) >= 0 for s in stop):
+            n = k
+            break
+    logprobs = generation.logprobs[:n] if generation.logprobs is not None else None
+    return Generation(generation.prompt_ids, generation.token_ids[:n], generation.text[:cut], logprobs)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from esopt.policies.base import Generation, SamplingParams
+from esopt.policies.base import Generation, SamplingParams, cut_at_stop
 from esopt.policies.prefix import generate_with_shared_prefix, shared_prefix_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -131,7 +131,9 @@ class HFPolicy:
             **common,
         )
 
-    @torch.inference_mode()
+    def weights_changed(self) -> None:
+        """Nothing to drop: no cache outlives a `generate` call."""
+
     def generate(
         self,
         prompts: list[str],
@@ -139,6 +141,18 @@ class HFPolicy:
         seed: int | None = None,
         return_logprobs: bool = False,
     ) -> list[Generation]:
+        out = self._generate(prompts, sampling, seed, return_logprobs)
+        if not sampling.stop:
+            return out
+
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+        return [cut_at_stop(g, sampling.stop, decode) for g in out]
+
+    @torch.inference_mode()
+    def _generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None,
+                  return_logprobs: bool) -> list[Generation]:
         if not prompts:
             return []
         if self.prefix_cache and len(prompts) > 1 and not return_logprobs:

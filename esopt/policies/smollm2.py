@@ -24,10 +24,9 @@ CACHE_MARKER = "model.safetensors"
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("ESOPT_CACHE")
-    if env:
-        return Path(env).expanduser() / "smollm2-135m-instruct"
-    return Path.home() / ".cache" / "esopt" / "smollm2-135m-instruct"
+    from esopt.utils.io import cache_dir
+
+    return cache_dir() / "smollm2-135m-instruct"
 
 
 def find_gguf() -> Path:

@@ -5,7 +5,6 @@ evaluation, the run directory (config, metrics, TensorBoard, plots, checkpoints)
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,66 +15,28 @@ from pathlib import Path
 
 import numpy as np
 
-from esopt.policies import HFPolicy, load_policy
+from esopt.policies import MODEL_RECIPES, HFPolicy, load_policy
 from esopt.policies.base import SamplingParams
 from esopt.rollout import Trajectory, env_examples, run_episodes
 from esopt.train.config import BaseTrainConfig, ModelSection, dump_config
 from esopt.utils.io import save_pretrained_atomic, write_json_atomic
-from esopt.utils.memory import fmt_bytes, peak_memory_bytes
+from esopt.utils.progress import progress_bar, say  # noqa: F401  (re-exported for the trainers)
 
 # Training and held-out task seeds come from disjoint ranges, so no held-out seed is ever trained on.
 TRAIN_SEED_RANGE = (0, 2**31)
 HELDOUT_SEED_BASE = 2**31
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("ESOPT_CACHE", Path.home() / ".cache" / "esopt"))
-
-
 # --- model and env --------------------------------------------------------------------------------
 
 def load_model(section: ModelSection, env_kwargs: dict | None = None) -> HFPolicy:
-    """'tiny-sudoku' is a tiny Llama warm-started on solver demos (built once, then cached)."""
-    if section.name == "tiny-sudoku":
-        size = int((env_kwargs or {}).get("size", 4))
-        path = warm_start_path(size=size, steps=section.warm_start_steps, seed=section.seed)
-        return load_policy(str(path), dtype=section.resolved_dtype, device=section.device)
-    if section.name == "tiny" and section.seed != 0:
-        from esopt.policies import build_tiny_model
-
-        model, tok = build_tiny_model(seed=section.seed)
-        return HFPolicy(model.to(section.device), tok)
-    return load_policy(section.name, dtype=section.resolved_dtype, device=section.device)
-
-
-WARM_START_VERSION = 6
-
-
-def warm_start_path(size: int, steps: int, seed: int = 0) -> Path:
-    """A tiny Llama trained `steps` supervised steps on Sudoku solver demos; built once, then cached.
-
-    Steps (not seconds) set the budget so the warm start is the same model on every machine.
-    """
-    path = cache_dir() / f"tiny-sudoku{size}-s{steps}-seed{seed}-v{WARM_START_VERSION}"
-    if (path / "model.safetensors").exists():
-        return path
-    import torch
-
-    from esopt.policies import build_tiny_model
-    from esopt.train.pretrain import pretrain
-
-    print(f"warm start: pretraining the tiny model on {size}x{size} Sudoku demos for {steps} steps "
-          f"(cached in {path})", flush=True)
-    model, tokenizer = build_tiny_model(seed=seed)
-    metrics = pretrain(model, tokenizer, {"size": size}, steps=steps, seed=seed, progress=True,
-                       lr_schedule="cosine", eval_every=100)
-    print(f"warm start: per-move accuracy {metrics['initial_accuracy']:.3f} -> {metrics['accuracy']:.3f} "
-          f"in {metrics['seconds']:.0f}s", flush=True)
-    model.eval()
-    with torch.no_grad():
-        save_pretrained_atomic(model, tokenizer, path, extra_files={
-            "warm_start.json": json.dumps({k: v for k, v in metrics.items() if k != "history"}, default=str)})
-    return path
+    """The run's model through the one factory (`load_policy`); a recipe model ('tiny-sudoku') gets the
+    env's board size and its warm-start steps."""
+    options = {}
+    if section.name in MODEL_RECIPES:
+        options = {"size": int((env_kwargs or {}).get("size", 4)), "steps": section.warm_start_steps}
+    return load_policy(section.name, dtype=section.resolved_dtype, device=section.device, seed=section.seed,
+                       **options)
 
 
 def env_factory(config: BaseTrainConfig) -> Callable:
@@ -148,7 +109,8 @@ def rollout(policy: HFPolicy, config: BaseTrainConfig, make: Callable, task_seed
     examples and batch cap."""
     return run_episodes(policy, make, task_seeds, sampling or config.sampling.params(), seed=seed,
                         conversation=config.env.conversation, system_prompt=config.env.system_prompt,
-                        max_batch_size=config.max_batch_size, examples=few_shot_examples(config, make))
+                        max_batch_size=config.max_batch_size, examples=few_shot_examples(config, make),
+                        max_prompt_tokens=config.env.max_prompt_tokens)
 
 
 def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_offset: int = 0) -> dict:
@@ -169,15 +131,23 @@ def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_off
 class RunDir:
     """config.yaml, history.jsonl, metrics.jsonl, tb/, plots/, checkpoints/, final/ under one root."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, create: bool = True):
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.create()
         self.config_path = self.root / "config.yaml"
         self.history_path = self.root / "history.jsonl"
         self.metrics_path = self.root / "metrics.jsonl"
         self.checkpoints = self.root / "checkpoints"
         self.plots = self.root / "plots"
         self._tb = None
+
+    def create(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def holds_run(self) -> bool:
+        """A run was started here (a ledger or metrics rows exist)."""
+        return any(p.exists() and p.stat().st_size for p in (self.history_path, self.metrics_path))
 
     def write_config(self, config: BaseTrainConfig) -> None:
         dump_config(config, self.config_path)
@@ -237,9 +207,13 @@ class RunDir:
                     found.append((step, d))
         return max(found) if found else None
 
+    @property
+    def summary_path(self) -> Path:
+        return self.root / "summary.json"
+
     def save_final(self, policy: HFPolicy, summary: dict) -> None:
         save_pretrained_atomic(policy.model, policy.tokenizer, self.root / "final")
-        write_json_atomic(self.root / "summary.json", summary)
+        write_json_atomic(self.summary_path, summary)
 
     def plot(self) -> list[Path]:
         from esopt.utils.plots import plot_run
@@ -271,19 +245,11 @@ class Timers:
         return es / max(es + self.rollout, 1e-9)
 
 
-def progress_bar(total: int, desc: str, leave: bool = True, initial: int = 0):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, leave=leave, initial=initial, dynamic_ncols=True)
-
-
-def say(msg: str, progress: bool) -> None:
-    if progress:
-        from tqdm.auto import tqdm
-
-        tqdm.write(msg)
-    else:
-        print(msg, flush=True)
+def read_summary(rd: RunDir) -> dict | None:
+    try:
+        return json.loads(rd.summary_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -297,37 +263,3 @@ def inference_peak_bytes(config: BaseTrainConfig, episodes: int) -> int | None:
     except (subprocess.SubprocessError, ValueError, IndexError) as e:
         print(f"warning: inference-only memory probe failed: {e}", file=sys.stderr)
         return None
-
-
-def finish(rd: RunDir, policy: HFPolicy, config, timers: Timers, evals: dict, start: int, done: int,
-           seconds: float, interrupted: bool, progress: bool) -> dict:
-    """Final artefacts shared by every trainer: final/ weights, plots, memory ratio, summary.json."""
-    peak = peak_memory_bytes(policy.device)
-    # Probe with the largest batch the run generates with: a training rollout or the held-out eval.
-    train_batch = getattr(getattr(config, "es", None), "tasks_per_member", None) or getattr(config, "batch_tasks", 1)
-    episodes = max(train_batch, config.eval.tasks * config.eval.repeats)
-    infer = inference_peak_bytes(config, episodes) if config.measure_inference_peak and not interrupted else None
-    first, last = evals.get(min(evals)) if evals else None, evals.get(max(evals)) if evals else None
-    summary = {
-        "algo": config.algo, "steps_done": done, "steps": config.steps, "interrupted": interrupted,
-        "seconds": seconds, "seconds_per_step": seconds / max(done - start, 1),
-        "time_split": {"perturb": timers.perturb, "restore": timers.restore, "update": timers.update,
-                       "rollout": timers.rollout, "eval": timers.eval,
-                       "es_overhead_share": timers.es_overhead_share},
-        "peak_memory_bytes": peak, "inference_peak_bytes": infer,
-        "memory_ratio": peak / infer if infer else None,
-        "eval_before": first, "eval_after": last,
-    }
-    if not interrupted:
-        rd.save_final(policy, summary)
-    rd.plot()
-    rd.close()
-    ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"
-    share = (f"ES overhead share {timers.es_overhead_share:.1%}" if config.algo == "es" else
-             f"update share {timers.update / max(timers.update + timers.rollout, 1e-9):.1%}")
-    if first and last:
-        say(f"done: success {first['success_rate']:.3f} -> {last['success_rate']:.3f}, reward "
-             f"{first['mean_reward']:.3f} -> {last['mean_reward']:.3f} | {seconds:.0f}s | peak {fmt_bytes(peak)}"
-             f" ({config.algo} / inference-only = {ratio}) | {share}",
-             progress)
-    return summary

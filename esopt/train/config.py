@@ -7,12 +7,14 @@ reported as one line naming the field, e.g. `config error: es.sigma: must be > 0
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from esopt.es.config import ESConfig
 from esopt.policies.base import SamplingParams
 
 
@@ -33,9 +35,16 @@ class ModelSection(Section):
 
     name: str = Field("tiny", description="'tiny', 'tiny-sudoku' (warm-started, cached), 'smollm2', a local HF dir or .gguf")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: bfloat16 for smollm2, else float32")
-    device: str = "cpu"
+    device: str = Field("cpu", description="cpu, auto (cuda if available), cuda, cuda:N, mps or xpu")
     seed: int = Field(0, description="init seed of a fresh tiny model (and of the warm start)")
     warm_start_steps: int = Field(800, ge=1, description="supervised steps of the 'tiny-sudoku' warm start")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu|auto|mps|cuda(:\d+)?|xpu(:\d+)?", v):
+            raise ValueError("must be cpu, auto, cuda, cuda:N, mps or xpu")
+        return v
 
 
 class EnvSection(Section):
@@ -44,6 +53,8 @@ class EnvSection(Section):
     conversation: Literal["markov", "history"] = "markov"
     system_prompt: str | None = Field(None, description="None: the env's own instructions")
     few_shot: int = Field(0, ge=0, description="worked (observation, action) exchanges from the env shown as chat turns")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="history mode: context budget; the oldest exchanges are dropped to fit it")
 
 
 class SamplingSection(Section):
@@ -51,9 +62,10 @@ class SamplingSection(Section):
     top_p: float = Field(0.8, gt=0, le=1)
     top_k: int = Field(20, ge=0)
     max_new_tokens: int = Field(64, ge=1)
+    stop: list[str] = Field(default_factory=list, description="stop strings (ReAct: ['Observation:'])")
 
     def params(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.max_new_tokens, tuple(self.stop))
 
 
 class EvalSection(Section):
@@ -78,22 +90,23 @@ class BaseTrainConfig(Section):
     keep_checkpoints: int = Field(2, ge=1)
     measure_inference_peak: bool = Field(True, description="probe inference-only peak memory for the ratio")
 
+    @property
+    def episodes_per_step(self) -> int:
+        """Episodes one step rolls out (each trainer's config says; the memory probe uses it)."""
+        raise NotImplementedError(f"{type(self).__name__} must define episodes_per_step")
 
-class ESSection(Section):
-    population_size: int = Field(32, ge=1)
-    antithetic: bool = False
+    @property
+    def rollout_batch_size(self) -> int:
+        """Episodes of the largest training rollout call (what the inference-only memory probe runs)."""
+        return self.episodes_per_step
+
+
+class ESSection(ESConfig):
+    """The ES core's settings (`esopt.es.ESConfig`, validated there) plus how members are scored."""
+
+    total_generations: int | None = Field(None, ge=1, description="schedule length (default: the run's steps)")
+    seed: int | None = Field(None, description="member-seed stream (default: the run's seed)")
     tasks_per_member: int = Field(32, ge=1, description="E: every member runs the same E tasks")
-    sigma: float = Field(1e-3, gt=0)
-    sigma_min: float = Field(2.5e-4, ge=0)
-    sigma_schedule: Literal["cosine", "constant", "linear"] = "cosine"
-    alpha: float = Field(5e-4, ge=0)
-    alpha_min: float = Field(0.0, ge=0)
-    alpha_schedule: Literal["cosine", "constant", "linear"] = "constant"
-    shaping: Literal["zscore", "centered_rank", "identity"] = "zscore"
-    weight_decay: float = Field(0.0, ge=0)
-    scope: Literal["full", "linear", "regex"] = "full"
-    scope_pattern: str | None = None
-    restore: Literal["exact", "subtract"] = "exact"
     reward: Literal["env", "success", "shaped"] = Field("env", description="member score: env reward, success, or info['shaped_reward']")
     task_set: Literal["fresh", "fixed"] = Field(
         "fresh", description="fresh: new training tasks every generation; fixed: a pool drawn once and reused (the paper)")
@@ -104,13 +117,7 @@ class ESSection(Section):
         "(EGGROLL's per-task baseline); the shaping is applied after it")
 
     @model_validator(mode="after")
-    def _check(self) -> ESSection:
-        if self.antithetic and self.population_size % 2:
-            raise ValueError(f"antithetic sampling needs an even population_size (got {self.population_size})")
-        if self.sigma_min > self.sigma:
-            raise ValueError(f"sigma_min ({self.sigma_min}) must not exceed sigma ({self.sigma})")
-        if self.scope == "regex" and not self.scope_pattern:
-            raise ValueError("scope 'regex' needs scope_pattern")
+    def _check_pool(self) -> ESSection:
         if self.task_pool is not None and self.task_pool < self.tasks_per_member:
             raise ValueError(f"task_pool ({self.task_pool}) must be >= tasks_per_member ({self.tasks_per_member})")
         return self
@@ -119,6 +126,21 @@ class ESSection(Section):
 class ESTrainConfig(BaseTrainConfig):
     algo: Literal["es"] = "es"
     es: ESSection = Field(default_factory=ESSection)
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.es.population_size * self.es.tasks_per_member
+
+    @property
+    def rollout_batch_size(self) -> int:
+        return self.es.tasks_per_member  # members run one after another
+
+    @property
+    def strategy(self) -> ESSection:
+        """The `es` section with the schedule length and seed resolved: what `ES` runs with."""
+        e = self.es
+        return e.model_copy(update={"total_generations": e.total_generations or self.steps,
+                                    "seed": self.seed if e.seed is None else e.seed})
 
 
 CONFIG_CLASSES: dict[str, type[BaseTrainConfig]] = {"es": ESTrainConfig}
@@ -199,12 +221,29 @@ def _load_trainers() -> None:
             pass
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # package data: works in any install
+
+
+def shipped_configs() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml"))
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A config file: the path itself if it exists, else a shipped config by name (`smoke`,
+    `smoke.yaml` or `configs/smoke.yaml`, so the README's commands work outside a checkout too)."""
+    path = Path(path)
+    if path.exists():
+        return path
+    shipped = SHIPPED_CONFIGS / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if shipped.exists() and (len(path.parts) == 1 or path.parent.name == "configs"):
+        return shipped
+    raise ConfigError(f"config error: file {path} does not exist (shipped configs: {', '.join(shipped_configs())})")
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> BaseTrainConfig:
     data: dict = {}
     if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config error: file {path} does not exist")
+        path = resolve_config_path(path)
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:

@@ -1,13 +1,14 @@
-"""ES fine-tuning of an LLM agent, top to bottom.
+"""ES fine-tuning of an LLM agent, top to bottom (the loop around it is `loop.py`, shared with GRPO/PPO).
 
 Per generation: ask G member seeds -> every member, perturbed in place, runs the same E tasks (common
 random numbers) -> one scalar reward per member -> shaping -> theta += alpha/G sum w_i eps_i -> one
 ledger line. The ledger (history.jsonl) is the source of truth: resume = last checkpoint + replay of
 the generations after it, bit-exact in fp32, so a run killed at any moment continues as if never stopped.
 
-Population evaluation sits behind `PopulationEvaluator` (member specs + tasks in, rewards and
-trajectories out): `LocalEvaluator` perturbs the one local model; a Ray backend (replicas that sync by
-ledger records) or a batched low-rank backend plugs in without touching this loop.
+Population evaluation sits behind `PopulationEvaluator`: members, sigma and tasks in, rewards and
+trajectories out, plus `sync(record)`, which applies a generation's ledger line to the evaluator's own
+weights. `LocalEvaluator` perturbs the one local model (already updated by `tell`, so its sync does
+nothing); a Ray replica or a batched low-rank backend needs only these two calls.
 """
 
 from __future__ import annotations
@@ -20,27 +21,23 @@ from typing import Protocol
 
 import numpy as np
 
-from esopt.es import ES, ESConfig, Ledger, Member, ParamScope, read_history, replay
+from esopt.es import ES, Ledger, Member, read_history, replay
 from esopt.es.shaping import pair_disagreement, task_normalized
 from esopt.policies import HFPolicy, load_policy
 from esopt.rollout import RolloutStats, Trajectory
+from esopt.train import loop
 from esopt.train.common import (
     RunDir,
     Timers,
-    env_factory,
-    evaluate,
-    finish,
     load_model,
     progress_bar,
     rollout,
-    say,
     summarize,
     task_pool_seeds,
     train_task_seeds,
     trajectory_score,
 )
 from esopt.train.config import ESTrainConfig
-from esopt.utils.memory import fmt_bytes, peak_memory_bytes
 from esopt.utils.signals import defer_sigint
 
 
@@ -53,7 +50,14 @@ class MemberResult:
 
 
 class PopulationEvaluator(Protocol):
-    def evaluate(self, members: Sequence[Member], task_seeds: list[int], rollout_seed: int) -> list[MemberResult]: ...
+    def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int
+                 ) -> list[MemberResult]:
+        """Every member, perturbed by sigma * sign * eps(seed), runs `task_seeds`; one result per member."""
+        ...
+
+    def sync(self, record: dict) -> None:
+        """Apply one generation's ledger line to the evaluator's weights (after `tell`)."""
+        ...
 
 
 def member_score(trajectories: list[Trajectory], kind: str) -> float:
@@ -92,13 +96,14 @@ class LocalEvaluator:
         self.es, self.policy, self.make_env, self.config = es, policy, make_env, config
         self.timers, self.progress = timers, progress
 
-    def evaluate(self, members: Sequence[Member], task_seeds: list[int], rollout_seed: int) -> list[MemberResult]:
+    def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int
+                 ) -> list[MemberResult]:
         c = self.config
         results = []
         bar = progress_bar(len(members), "members", leave=False) if self.progress else None
         for m in members:
             t0 = time.perf_counter()
-            with self.es.perturbed(m):
+            with self.es.perturbed(m, sigma):
                 t1 = time.perf_counter()
                 trajectories, stats = rollout(self.policy, c, self.make_env, task_seeds, seed=rollout_seed)
                 t2 = time.perf_counter()
@@ -113,14 +118,64 @@ class LocalEvaluator:
             bar.close()
         return results
 
+    def sync(self, record: dict) -> None:
+        """Nothing to do: this evaluator shares the model `ES.tell` just updated."""
 
-def es_config(config: ESTrainConfig) -> ESConfig:
-    e = config.es
-    return ESConfig(
-        population_size=e.population_size, antithetic=e.antithetic, sigma=e.sigma, sigma_min=e.sigma_min,
-        sigma_schedule=e.sigma_schedule, alpha=e.alpha, alpha_min=e.alpha_min, alpha_schedule=e.alpha_schedule,
-        total_generations=config.steps, shaping=e.shaping, weight_decay=e.weight_decay,
-        scope=ParamScope(e.scope, e.scope_pattern), restore=e.restore, seed=config.seed)
+
+class ESAlgorithm:
+    """One ES generation per step, for `loop.train`."""
+
+    unit = "generation"
+
+    def __init__(self, policy: HFPolicy, config: ESTrainConfig, rd: RunDir, make_env: Callable, timers: Timers,
+                 start: int, progress: bool):
+        self.policy, self.config, self.timers = policy, config, timers
+        self.es = ES(policy.model, config.strategy, ledger=rd.history_path, generation=start,
+                     on_weights_changed=policy.weights_changed)
+        self.evaluator: PopulationEvaluator = LocalEvaluator(self.es, policy, make_env, config, timers, progress)
+
+    @property
+    def steps_done(self) -> int:
+        return self.es.generation
+
+    def step(self, gen: int) -> dict:
+        config = self.config
+        members = self.es.ask(gen)
+        tasks = generation_tasks(config, gen)
+        rollout_seed = int(np.random.default_rng([config.seed, gen, 3]).integers(2**31))
+        results = self.evaluator.evaluate(members, self.es.sigma, tasks, rollout_seed)
+        rewards = np.array([r.reward for r in results])
+        fitness = population_fitness(results, config)
+        t_up = time.perf_counter()
+        with defer_sigint():  # the update and its ledger line happen together or not at all
+            told = self.es.tell(fitness)
+        self.evaluator.sync(self.es.last_record)
+        self.timers.update += time.perf_counter() - t_up
+        pop = summarize([t for r in results for t in r.trajectories])
+        row = {
+            "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
+            "reward_min": float(rewards.min()), "reward_std": float(rewards.std()),
+            "success_rate": pop["success_rate"], "mean_turns": pop["mean_turns"],
+            "sigma": told.sigma, "alpha": told.alpha, "update_rms": told.update_rms,
+            "zero_variance": told.zero_variance,
+            "valid_action_rate": pop["valid_action_rate"], "correct_given_valid": pop["correct_given_valid"],
+            "generated_tokens": sum(r.stats.generated_tokens for r in results),
+        }
+        if config.es.antithetic:  # share of pairs whose two members scored differently
+            row["pair_disagreement"] = pair_disagreement(fitness, [m.sign for m in members])
+        return row
+
+    def describe(self, row: dict) -> str:
+        line = f" | sigma {row['sigma']:.2e} alpha {row['alpha']:.2e}"
+        if "pair_disagreement" in row:
+            line += f" | pairs differ {row['pair_disagreement']:.2f}"
+        return line
+
+    def checkpoint_files(self) -> dict:
+        return {}
+
+    def time_note(self, timers: Timers) -> str:
+        return f"ES overhead share {timers.es_overhead_share:.1%}"
 
 
 def resume_weights(rd: RunDir, config: ESTrainConfig) -> tuple[HFPolicy, int]:
@@ -138,82 +193,11 @@ def resume_weights(rd: RunDir, config: ESTrainConfig) -> tuple[HFPolicy, int]:
     return policy, len(records)
 
 
+def setup(rd: RunDir, config: ESTrainConfig, make_env: Callable, timers: Timers, resume: bool, progress: bool
+          ) -> tuple[ESAlgorithm, int]:
+    policy, start = resume_weights(rd, config) if resume else (load_model(config.model, config.env.kwargs), 0)
+    return ESAlgorithm(policy, config, rd, make_env, timers, start, progress), start
+
+
 def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
-    rd = RunDir(out)
-    if resume:
-        policy, start = resume_weights(rd, config)
-        say(f"resuming {rd.root} at generation {start}/{config.steps}", progress)
-    else:
-        if rd.history_path.exists() and rd.history_path.stat().st_size:
-            raise FileExistsError(f"{rd.root} already holds a run: use --resume or another --out")
-        rd.write_config(config)
-        policy, start = load_model(config.model, config.env.kwargs), 0
-    make_env = env_factory(config)
-    es = ES(policy.model, es_config(config), ledger=rd.history_path, generation=start)
-    timers = Timers()
-    evaluator: PopulationEvaluator = LocalEvaluator(es, policy, make_env, config, timers, progress)
-
-    def run_eval(step: int) -> dict:
-        t = time.perf_counter()
-        result = evaluate(policy, config, make_env)
-        timers.eval += time.perf_counter() - t
-        rd.log(step, "eval", result)
-        return result
-
-    evals = {r["step"]: r for r in rd.metrics() if r["kind"] == "eval"}
-    if start not in evals:
-        evals[start] = run_eval(start)
-    say(f"eval @ {start}: success {evals[start]['success_rate']:.3f} reward {evals[start]['mean_reward']:.3f}", progress)
-    t_start, interrupted, gen = time.perf_counter(), False, start
-    bar = progress_bar(config.steps, "generations", initial=start) if progress else None
-    try:
-        for gen in range(start, config.steps):
-            t_gen = time.perf_counter()
-            members = es.ask(gen)
-            tasks = generation_tasks(config, gen)
-            rollout_seed = int(np.random.default_rng([config.seed, gen, 3]).integers(2**31))
-            results = evaluator.evaluate(members, tasks, rollout_seed)
-            rewards = np.array([r.reward for r in results])
-            fitness = population_fitness(results, config)
-            t_up = time.perf_counter()
-            with defer_sigint():  # the update and its ledger line happen together or not at all
-                told = es.tell(fitness)
-            timers.update += time.perf_counter() - t_up
-            pop = summarize([t for r in results for t in r.trajectories])
-            row = {
-                "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
-                "reward_min": float(rewards.min()), "reward_std": float(rewards.std()),
-                "success_rate": pop["success_rate"], "mean_turns": pop["mean_turns"],
-                "sigma": told.sigma, "alpha": told.alpha, "update_rms": told.update_rms,
-                "zero_variance": told.zero_variance, "seconds": time.perf_counter() - t_gen,
-                "valid_action_rate": pop["valid_action_rate"], "correct_given_valid": pop["correct_given_valid"],
-                "generated_tokens": sum(r.stats.generated_tokens for r in results),
-                "peak_memory_bytes": peak_memory_bytes(policy.device),
-            }
-            if config.es.antithetic:  # share of pairs whose two members scored differently
-                row["pair_disagreement"] = pair_disagreement(fitness, [m.sign for m in members])
-            del results  # the population's trajectories must not stay alive through the eval below
-            rd.log(gen + 1, "train", row)
-            done = gen + 1
-            line = (f"gen {done}/{config.steps} | reward mean {row['reward_mean']:.3f} max {row['reward_max']:.3f}"
-                    f" | sigma {told.sigma:.2e} alpha {told.alpha:.2e}")
-            if "pair_disagreement" in row:
-                line += f" | pairs differ {row['pair_disagreement']:.2f}"
-            if (config.eval.every and done % config.eval.every == 0) or done == config.steps:
-                evals[done] = run_eval(done)
-                line += f" | eval success {evals[done]['success_rate']:.3f}"
-            line += f" | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
-            say(line, progress)
-            if done % config.checkpoint_every == 0 and done != config.steps:
-                rd.save_checkpoint(policy, done, {"algo": "es"}, config.keep_checkpoints)
-            if bar:
-                bar.update(1)
-    except KeyboardInterrupt:
-        interrupted = True  # the perturbation context already restored the weights
-        rd.save_checkpoint(policy, es.generation, {"algo": "es"}, config.keep_checkpoints)
-        say(f"interrupted: saved generation {es.generation}; resume with `esopt train --resume {rd.root}`", progress)
-    finally:
-        if bar:
-            bar.close()
-    return finish(rd, policy, config, timers, evals, start, es.generation, time.perf_counter() - t_start,
-                  interrupted, progress)
+    return loop.train(config, out, setup, resume=resume, progress=progress)

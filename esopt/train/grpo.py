@@ -37,7 +37,7 @@ from esopt.train.pg import (
     policy_loss,
     shuffle_generator,
     token_logprobs,
-    train_loop,
+    train_policy_gradient,
     turn_samples,
 )
 
@@ -53,7 +53,7 @@ class GRPOTrainConfig(BaseTrainConfig):
     grpo: GRPOSection = Field(default_factory=GRPOSection)
 
     @property
-    def batch_tasks(self) -> int:
+    def episodes_per_step(self) -> int:
         """Episodes per step (what the inference-only memory probe rolls out)."""
         return self.grpo.tasks_per_step * self.grpo.group_size
 
@@ -82,7 +82,7 @@ def grpo_samples(trajectories: list[Trajectory], group_size: int, reward: str, e
 
 
 class GRPO:
-    """The GRPO algorithm plugged into `train_loop`: the policy, its optimizer, the frozen reference."""
+    """The GRPO algorithm plugged into `train_policy_gradient`: the policy, its optimizer, the frozen reference."""
 
     def __init__(self, policy: HFPolicy, ref: torch.nn.Module | None, config: GRPOTrainConfig) -> None:
         self.policy, self.ref, self.config, self.section = policy, ref, config, config.grpo
@@ -122,4 +122,4 @@ class GRPO:
 
 
 def train(config: GRPOTrainConfig, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
-    return train_loop(config, out, GRPO, resume=resume, progress=progress)
+    return train_policy_gradient(config, out, GRPO, resume=resume, progress=progress)

@@ -4,8 +4,9 @@ Data flow of one step: `run_episodes` -> per-turn samples (prompt ids + the poli
 never re-tokenized) -> right-padded `TokenBatch` whose `mask` is 1 only on generated tokens -> old
 log-probs from a no-grad forward of the current model (and reference log-probs for the KL term) ->
 `optimize`: epochs of shuffled minibatches, gradient accumulation over micro-batches, per-group
-gradient clipping, AdamW. `train_loop` is the step skeleton both trainers run; an algorithm only says
-which tasks to roll out, how to turn trajectories into a loss, and what extra state it checkpoints.
+gradient clipping, AdamW. `PolicyGradient` is the step both trainers run in the shared loop (`loop.py`);
+an algorithm only says which tasks to roll out, how to turn trajectories into a loss, and what extra state
+it checkpoints.
 
 Log-probs are taken under log_softmax(logits / T) with the run's sampling temperature T (1 when
 greedy); top-k/top-p truncation is not applied (the usual convention of PPO/GRPO implementations).
@@ -29,21 +30,9 @@ from pydantic import Field, model_validator
 
 from esopt.policies import HFPolicy, load_policy
 from esopt.rollout import Trajectory
-from esopt.train.common import (
-    RunDir,
-    Timers,
-    env_factory,
-    evaluate,
-    finish,
-    load_model,
-    progress_bar,
-    rollout,
-    say,
-    summarize,
-    trajectory_score,
-)
+from esopt.train import loop
+from esopt.train.common import RunDir, Timers, load_model, rollout, summarize, trajectory_score
 from esopt.train.config import BaseTrainConfig, Section
-from esopt.utils.memory import fmt_bytes, peak_memory_bytes
 from esopt.utils.signals import defer_sigint
 
 STATE_FILE = "pg_state.pt"  # optimizer (+ critic) state inside a checkpoint dir
@@ -332,12 +321,6 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 # --- checkpoints ----------------------------------------------------------------------------------
 
-def save_checkpoint(rd: RunDir, policy: HFPolicy, step: int, algo: str, state: dict, keep: int) -> Path:
-    """The HF checkpoint plus the trainer's torch state (optimizer, critic), in one atomic rename."""
-    return rd.save_checkpoint(policy, step, {"algo": algo}, keep,
-                              extra_files={STATE_FILE: lambda path: torch.save(state, path)})
-
-
 def latest_pg_checkpoint(rd: RunDir) -> tuple[int, Path] | None:
     found = rd.latest_checkpoint()
     while found and not (found[1] / STATE_FILE).exists():  # never resume from a checkpoint missing its state
@@ -349,10 +332,10 @@ def load_state(path: Path, device: torch.device | str) -> dict:
     return torch.load(path / STATE_FILE, map_location=device, weights_only=True)
 
 
-# --- the shared step loop -------------------------------------------------------------------------
+# --- the algorithm the shared loop drives ---------------------------------------------------------
 
 class PGAlgorithm(Protocol):
-    """What GRPO and PPO plug into `train_loop`."""
+    """What GRPO and PPO implement: which tasks to roll out, and the update from the trajectories."""
 
     def task_seeds(self, step: int) -> list[int]: ...
 
@@ -366,27 +349,6 @@ class PGAlgorithm(Protocol):
 Builder = Callable[[HFPolicy, "torch.nn.Module | None", BaseTrainConfig], PGAlgorithm]
 
 
-def _setup(rd: RunDir, config: BaseTrainConfig, resume: bool, progress: bool
-           ) -> tuple[HFPolicy, torch.nn.Module | None, int, dict | None]:
-    """(policy, frozen reference or None, first step, trainer state or None)."""
-    found = latest_pg_checkpoint(rd) if resume else None
-    if resume:
-        rd.drop_metrics_from(found[0] if found else 0)
-        say(f"resuming {rd.root} at step {found[0] if found else 0}/{config.steps}", progress)
-    else:
-        if rd.metrics_path.exists() and rd.metrics_path.stat().st_size:
-            raise FileExistsError(f"{rd.root} already holds a run: use --resume or another --out")
-        rd.write_config(config)
-    need_ref = pg_section(config).kl_beta > 0
-    if not found:
-        initial = load_model(config.model, config.env.kwargs)
-        return initial, frozen_copy(initial.model) if need_ref else None, 0, None
-    step, path = found
-    policy = load_policy(str(path), dtype=config.model.resolved_dtype, device=config.model.device)
-    ref = freeze(load_model(config.model, config.env.kwargs).model) if need_ref else None  # the initial weights
-    return policy, ref, step, load_state(path, config.model.device)
-
-
 def step_row(trajectories: list[Trajectory], kind: str) -> dict[str, float]:
     scores = episode_scores(trajectories, kind) if trajectories else np.zeros(1)
     pop = summarize(trajectories)
@@ -395,67 +357,68 @@ def step_row(trajectories: list[Trajectory], kind: str) -> dict[str, float]:
             "success_rate": pop["success_rate"], "mean_turns": pop["mean_turns"]}
 
 
-def train_loop(config: BaseTrainConfig, out: str | Path, build: Builder, resume: bool = False,
+class PolicyGradient:
+    """A GRPO or PPO step for `loop.train`: roll out the algorithm's tasks, then its update."""
+
+    unit = "step"
+
+    def __init__(self, algo: PGAlgorithm, policy: HFPolicy, config: BaseTrainConfig, make_env: Callable,
+                 timers: Timers, start: int):
+        self.algo, self.policy, self.config, self.make_env, self.timers = algo, policy, config, make_env, timers
+        self.steps_done = start
+
+    def step(self, step: int) -> dict:
+        config, t_step = self.config, time.perf_counter()
+        rollout_seed = int(np.random.default_rng([config.seed, step, 3]).integers(2**31))
+        trajectories, stats = rollout(self.policy, config, self.make_env, self.algo.task_seeds(step), seed=rollout_seed)
+        t_up = time.perf_counter()
+        self.timers.rollout += t_up - t_step
+        with defer_sigint():  # a step's updates happen completely or not at all
+            upd = self.algo.update(trajectories, step)
+            self.steps_done = step + 1
+        self.policy.weights_changed()
+        self.timers.update += time.perf_counter() - t_up
+        return {**step_row(trajectories, pg_section(config).reward), "kl": None, **upd,
+                "generated_tokens": stats.generated_tokens, "rollout_seconds": t_up - t_step,
+                "update_seconds": time.perf_counter() - t_up}
+
+    def describe(self, row: dict) -> str:
+        kl = "n/a" if row["kl"] is None else format(row["kl"], ".2e")
+        return f" | loss {row['loss']:.4f} kl {kl} clipfrac {row.get('clipfrac', 0.0):.3f}"
+
+    def checkpoint_files(self) -> dict:
+        state = self.algo.state_dict()
+        return {STATE_FILE: lambda path: torch.save(state, path)}
+
+    def time_note(self, timers: Timers) -> str:
+        return f"update share {timers.update / max(timers.update + timers.rollout, 1e-9):.1%}"
+
+
+def pg_setup(build: Builder):
+    """The `loop.Setup` of a policy-gradient algorithm: weights, frozen reference and optimizer state from
+    the newest checkpoint that has its state file (or the initial model)."""
+
+    def setup(rd: RunDir, config: BaseTrainConfig, make_env: Callable, timers: Timers, resume: bool,
+              progress: bool) -> tuple[PolicyGradient, int]:
+        found = latest_pg_checkpoint(rd) if resume else None
+        if resume:
+            rd.drop_metrics_from(found[0] if found else 0)
+        need_ref = pg_section(config).kl_beta > 0
+        if found:
+            start, path = found
+            policy = load_policy(str(path), dtype=config.model.resolved_dtype, device=config.model.device)
+            ref = freeze(load_model(config.model, config.env.kwargs).model) if need_ref else None  # initial weights
+        else:
+            start, policy = 0, load_model(config.model, config.env.kwargs)
+            ref = frozen_copy(policy.model) if need_ref else None
+        algo = build(policy, ref, config)
+        if found:
+            algo.load_state_dict(load_state(found[1], config.model.device))
+        return PolicyGradient(algo, policy, config, make_env, timers, start), start
+
+    return setup
+
+
+def train_policy_gradient(config: BaseTrainConfig, out: str | Path, build: Builder, resume: bool = False,
                progress: bool = True) -> dict:
-    """The step skeleton of GRPO and PPO: rollout -> update -> log -> eval -> checkpoint (as ES)."""
-    rd = RunDir(out)
-    policy, ref, start, state = _setup(rd, config, resume, progress)
-    algo = build(policy, ref, config)
-    if state is not None:
-        algo.load_state_dict(state)
-    make_env = env_factory(config)
-    timers, section = Timers(), pg_section(config)
-
-    def run_eval(step: int) -> dict:
-        t = time.perf_counter()
-        result = evaluate(policy, config, make_env)
-        timers.eval += time.perf_counter() - t
-        rd.log(step, "eval", result)
-        return result
-
-    def checkpoint(step: int) -> None:
-        save_checkpoint(rd, policy, step, config.algo, algo.state_dict(), config.keep_checkpoints)
-
-    evals = {r["step"]: r for r in rd.metrics() if r["kind"] == "eval"}
-    if start not in evals:
-        evals[start] = run_eval(start)
-    say(f"eval @ {start}: success {evals[start]['success_rate']:.3f} reward {evals[start]['mean_reward']:.3f}", progress)
-    t_start, interrupted, done = time.perf_counter(), False, start
-    bar = progress_bar(config.steps, "steps", initial=start) if progress else None
-    try:
-        for step in range(start, config.steps):
-            t_step = time.perf_counter()
-            rollout_seed = int(np.random.default_rng([config.seed, step, 3]).integers(2**31))
-            trajectories, stats = rollout(policy, config, make_env, algo.task_seeds(step), seed=rollout_seed)
-            t_up = time.perf_counter()
-            timers.rollout += t_up - t_step
-            with defer_sigint():  # a step's updates happen completely or not at all
-                upd = algo.update(trajectories, step)
-            timers.update += time.perf_counter() - t_up
-            done = step + 1
-            row = {**step_row(trajectories, section.reward), "kl": None, **upd,
-                   "generated_tokens": stats.generated_tokens,
-                   "rollout_seconds": t_up - t_step, "update_seconds": time.perf_counter() - t_up,
-                   "seconds": time.perf_counter() - t_step, "peak_memory_bytes": peak_memory_bytes(policy.device)}
-            rd.log(done, "train", row)
-            line = (f"step {done}/{config.steps} | reward mean {row['reward_mean']:.3f} max {row['reward_max']:.3f}"
-                    f" | loss {row['loss']:.4f} kl {'n/a' if row['kl'] is None else format(row['kl'], '.2e')}"
-                    f" clipfrac {row.get('clipfrac', 0.0):.3f}")
-            if (config.eval.every and done % config.eval.every == 0) or done == config.steps:
-                evals[done] = run_eval(done)
-                line += f" | eval success {evals[done]['success_rate']:.3f}"
-            line += f" | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
-            say(line, progress)
-            if done % config.checkpoint_every == 0 or done == config.steps:
-                checkpoint(done)
-            if bar:
-                bar.update(1)
-    except KeyboardInterrupt:
-        interrupted = True  # updates are atomic per step, so the weights are those after step `done`
-        checkpoint(done)
-        say(f"interrupted: saved step {done}; resume with `esopt train --resume {rd.root}`", progress)
-    finally:
-        if bar:
-            bar.close()
-    return finish(rd, policy, config, timers, evals, start, done, time.perf_counter() - t_start, interrupted,
-                  progress)
+    return loop.train(config, out, pg_setup(build), resume=resume, progress=progress)

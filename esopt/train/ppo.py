@@ -40,7 +40,7 @@ from esopt.train.pg import (
     policy_loss,
     shuffle_generator,
     token_logprobs,
-    train_loop,
+    train_policy_gradient,
     turn_samples,
 )
 
@@ -62,7 +62,7 @@ class PPOTrainConfig(BaseTrainConfig):
     ppo: PPOSection = Field(default_factory=PPOSection)
 
     @property
-    def batch_tasks(self) -> int:
+    def episodes_per_step(self) -> int:
         """Episodes per step (what the inference-only memory probe rolls out)."""
         return self.ppo.tasks_per_step
 
@@ -124,7 +124,7 @@ class Critic(torch.nn.Module):
 
 
 class PPO:
-    """The PPO algorithm plugged into `train_loop`: policy, critic, one AdamW with a group for each."""
+    """The PPO algorithm plugged into `train_policy_gradient`: policy, critic, one AdamW with a group for each."""
 
     def __init__(self, policy: HFPolicy, ref: torch.nn.Module | None, config: PPOTrainConfig) -> None:
         self.policy, self.ref, self.config, self.section = policy, ref, config, config.ppo
@@ -202,4 +202,4 @@ class PPO:
 
 
 def train(config: PPOTrainConfig, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
-    return train_loop(config, out, PPO, resume=resume, progress=progress)
+    return train_policy_gradient(config, out, PPO, resume=resume, progress=progress)

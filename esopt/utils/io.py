@@ -56,3 +56,8 @@ def save_pretrained_atomic(model, tokenizer, out: str | Path, extra_files: dict 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def cache_dir() -> Path:
+    """Where built models are cached: $ESOPT_CACHE, else ~/.cache/esopt."""
+    return Path(os.environ.get("ESOPT_CACHE") or Path.home() / ".cache" / "esopt").expanduser()

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from esopt.bench import add_analysis_options, fmt_change, write_report
+from esopt.utils.report import add_analysis_options, fmt_change, write_report
 
 
 def mcnemar_p(before: list[int], after: list[int]) -> float:
@@ -44,7 +44,7 @@ def mcnemar_p(before: list[int], after: list[int]) -> float:
 
 def permuted_records(records: list[dict], seed: int) -> list[dict]:
     """The ledger with each generation's per-seed coefficients shuffled over its seeds (same step lengths)."""
-    from esopt.es.strategy import update_coefficients
+    from esopt.es import update_coefficients
 
     rng = np.random.default_rng([seed, 17])
     out = []

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from esopt.bench import add_analysis_options, write_report
+from esopt.utils.report import add_analysis_options, write_report
 
 
 def measure(overrides: list[str], sizes: list[int], h_stars: list[int], temperatures: list[float], episodes: int,

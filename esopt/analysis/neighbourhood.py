@@ -18,12 +18,12 @@ import time
 import numpy as np
 import torch
 
-from esopt.bench import add_analysis_options, fmt_change, write_report
+from esopt.utils.report import add_analysis_options, fmt_change, write_report
 
 
 def measure(config_path: str | None, overrides: list[str], sigmas: list[float], k: int, tasks: int, top: int,
             seed: int = 0, progress: bool = True) -> dict:
-    from esopt.es import ES, ESConfig, ParamScope
+    from esopt.es import ES
     from esopt.train.common import (
         env_factory,
         evaluate,
@@ -54,8 +54,9 @@ def measure(config_path: str | None, overrides: list[str], sigmas: list[float], 
               f"shaped {base_eval['shaped_reward']:.3f} | {time.perf_counter() - t0:.0f}s", flush=True)
     rows = []
     for sigma in sigmas:
-        es = ES(policy.model, ESConfig(population_size=k, sigma=sigma, sigma_min=sigma, sigma_schedule="constant",
-                                       alpha=0.0, scope=ParamScope(e.scope, e.scope_pattern), seed=seed))
+        es = ES(policy.model, config.strategy.model_copy(update={
+            "population_size": k, "antithetic": False, "sigma": sigma, "sigma_schedule": "constant", "alpha": 0.0,
+            "seed": seed}))
         members = es.ask(0)
         scores = []
         for m in members:

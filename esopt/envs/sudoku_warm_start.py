@@ -15,6 +15,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -25,7 +26,8 @@ from esopt.envs.sudoku import SudokuEnv, oracle_move, parse_action
 from esopt.policies.base import SamplingParams
 from esopt.policies.hf import HFPolicy
 from esopt.rollout import build_markov_prompt, run_episodes
-from esopt.utils.io import save_pretrained_atomic
+from esopt.utils.io import cache_dir, save_pretrained_atomic
+from esopt.utils.progress import fmt_seconds
 
 
 class Demo(NamedTuple):
@@ -243,9 +245,10 @@ def _train_loop(
                 }
             )
             if progress:
+                eta = (min(steps, seconds * step / elapsed) - step) * elapsed / step if step else float("nan")
                 print(
-                    f"pretrain: step {step} {elapsed:.0f}s loss {loss_avg:.3f} accuracy {accuracy:.3f} "
-                    f"correct {scores['correct']:.3f}",
+                    f"pretrain: step {step}/{steps} | {elapsed:.0f}s elapsed, ETA {fmt_seconds(eta)} | loss "
+                    f"{loss_avg:.3f} accuracy {accuracy:.3f} correct {scores['correct']:.3f}",
                     flush=True,
                 )
     model.eval()
@@ -343,3 +346,36 @@ def main_pretrain(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main_pretrain())
+
+
+# --- the cached warm start (model recipe "tiny-sudoku") ---------------------------------------------
+
+WARM_START_VERSION = 6
+
+
+def warm_start_path(size: int = 4, steps: int = 800, seed: int = 0) -> Path:
+    """A tiny Llama trained `steps` supervised steps on Sudoku solver demos; built once, then cached.
+
+    Steps (not seconds) set the budget so the warm start is the same model on every machine.
+    """
+    path = cache_dir() / f"tiny-sudoku{size}-s{steps}-seed{seed}-v{WARM_START_VERSION}"
+    if (path / "model.safetensors").exists():
+        return path
+    import torch
+
+    from esopt.policies import build_tiny_model
+
+    print(f"warm start: pretraining the tiny model on {size}x{size} Sudoku demos for {steps} steps "
+          f"(cached in {path})", flush=True)
+    model, tokenizer = build_tiny_model(seed=seed)
+    metrics = pretrain(model, tokenizer, {"size": size}, steps=steps, seed=seed, progress=True,
+                       lr_schedule="cosine", eval_every=100)
+    print(f"warm start: per-move accuracy {metrics['initial_accuracy']:.3f} -> {metrics['accuracy']:.3f} "
+          f"in {metrics['seconds']:.0f}s", flush=True)
+    model.eval()
+    with torch.no_grad():
+        save_pretrained_atomic(model, tokenizer, path, extra_files={
+            "warm_start.json": json.dumps({k: v for k, v in metrics.items() if k != "history"}, default=str)})
+    return path
+
+

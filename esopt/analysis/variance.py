@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from esopt.bench import add_analysis_options
+from esopt.utils.report import add_analysis_options
 
 METHODS = ("pg", "es")
 LABELS = {"pg": "PG (REINFORCE, mean baseline)", "es": "ES"}
@@ -200,7 +200,7 @@ def es_estimate(es, members, scores: np.ndarray, sigma: float) -> torch.Tensor:
     coefs: dict[int, float] = {}
     for m, r in zip(members, scores - scores.mean()):
         coefs[m.seed] = coefs.get(m.seed, 0.0) + m.sign * float(r) / (len(members) * sigma)
-    return torch.cat([t.reshape(-1).cpu() for t in es.noise.combine(coefs)])
+    return torch.cat([t.reshape(-1).cpu() for t in es.perturbation.combine(coefs)])
 
 
 # --- the analysis ----------------------------------------------------------------------------------

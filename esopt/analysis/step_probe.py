@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from esopt.bench import add_analysis_options, fmt_change, write_report
+from esopt.utils.report import add_analysis_options, fmt_change, write_report
 
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo_tiny.yaml"
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Setup:
     overrides: list[str] = field(default_factory=list)
     pairs: int = 64  # P antithetic pairs: G = 2P members
     tasks: int = 12  # E training tasks per member (shared by all members)
-    sigma: float = 1e-3
+    sigma: float | None = None  # None: the config's es.sigma
     alphas: list[float] = field(default_factory=lambda: [0.002, 0.005, 0.01])
     groups: list[str] = field(default_factory=list)
     control: bool = True  # also evaluate the permuted-coefficient control
@@ -55,7 +55,7 @@ class Setup:
     def check(self) -> None:
         if self.pairs < 1 or self.tasks < 1:
             raise ValueError(f"--pairs and --tasks must be >= 1, got {self.pairs} and {self.tasks}")
-        if not self.sigma > 0 or not self.alphas or any(a <= 0 for a in self.alphas):
+        if (self.sigma is not None and not self.sigma > 0) or not self.alphas or any(a <= 0 for a in self.alphas):
             raise ValueError(f"sigma and every alpha must be > 0, got sigma={self.sigma}, alphas={self.alphas}")
         for g in self.groups:
             try:
@@ -70,19 +70,19 @@ SMOKE = {"overrides": ["model.warm_start_steps=60", "env.kwargs.h_star=3", "eval
 
 def direction(es, members, weights: np.ndarray, shuffle: np.random.Generator | None = None) -> dict[str, torch.Tensor]:
     """1/G sum_i w_i sign_i eps_i per scoped parameter; `shuffle` reassigns the per-seed coefficients."""
-    from esopt.es.strategy import update_coefficients
+    from esopt.es import update_coefficients
 
     record = {"seeds": [m.seed for m in members], "signs": [m.sign for m in members], "weights": list(weights)}
     coefs = update_coefficients(record)
     seeds, values = list(coefs), [c / len(members) for c in coefs.values()]
     if shuffle is not None:
         values = [values[i] for i in shuffle.permutation(len(values))]
-    names = [name for name, _ in es.noise.params]
-    return dict(zip(names, es.noise.combine(dict(zip(seeds, values)))))
+    names = [name for name, _ in es.perturbation.params]
+    return dict(zip(names, es.perturbation.combine(dict(zip(seeds, values)))))
 
 
 def measure(setup: Setup, progress: bool = True) -> dict:
-    from esopt.es import ES, ESConfig, ParamScope
+    from esopt.es import ES
     from esopt.es.shaping import get_shaper
     from esopt.train.common import (
         env_factory,
@@ -100,9 +100,9 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     policy = load_model(config.model, config.env.kwargs)
     make = env_factory(config)
     e = config.es
-    es = ES(policy.model, ESConfig(population_size=2 * setup.pairs, antithetic=True, sigma=setup.sigma,
-                                   sigma_min=setup.sigma, sigma_schedule="constant", alpha=0.0, shaping=e.shaping,
-                                   scope=ParamScope(e.scope, e.scope_pattern), seed=setup.seed))
+    es = ES(policy.model, config.strategy.model_copy(update={
+        "population_size": 2 * setup.pairs, "antithetic": True, "sigma": setup.sigma or e.sigma,
+        "sigma_schedule": "constant", "alpha": 0.0, "seed": setup.seed}))
     t0 = time.perf_counter()
     members = es.ask(0)
     rewards = []
@@ -124,7 +124,7 @@ def measure(setup: Setup, progress: bool = True) -> dict:
         """theta = the unperturbed weights (the ES's fp32 masters) + alpha * step on the chosen group."""
         sq = 0.0
         with torch.no_grad():
-            for (n, p), master in zip(es.noise.params, es.noise.masters):
+            for (n, p), master in zip(es.perturbation.params, es.perturbation.masters):
                 master = master.view(p.shape).to(p.device)
                 delta = step[n] * alpha if step is not None and (group is None or re.search(group, n)) else None
                 p.copy_(master if delta is None else master + delta)
@@ -148,7 +148,7 @@ def measure(setup: Setup, progress: bool = True) -> dict:
             print(f"{variant:>8} {group or 'all':>12} alpha {alpha:g}: success {ev['success_rate']:.3f} "
                   f"({ds.mean:+.3f} [{ds.low:+.3f}, {ds.high:+.3f}]) | {time.perf_counter() - t0:.0f}s", flush=True)
     place(None, 0.0, None)
-    return {"setup": asdict(setup), "config": config.model_dump(mode="json"), "members": len(members),
+    return {"setup": {**asdict(setup), "sigma": es.config.sigma}, "config": config.model_dump(mode="json"), "members": len(members),
             "rewards": rewards, "base": {"success": base["success_rate"], "shaped": base["shaped_reward"]},
             "eval_episodes": len(base["episode_success"]), "rows": rows, "seconds": time.perf_counter() - t0}
 
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides")
     p.add_argument("--pairs", type=int, help=f"antithetic pairs (default {d.pairs})")
     p.add_argument("--tasks", type=int, help=f"training tasks per member (default {d.tasks})")
-    p.add_argument("--sigma", type=float, help=f"noise scale (default {d.sigma})")
+    p.add_argument("--sigma", type=float, help="noise scale (default: the config's es.sigma)")
     p.add_argument("--alphas", nargs="+", type=float, help=f"step sizes (default {d.alphas})")
     p.add_argument("--groups", nargs="+", default=None, help="also the ES step restricted to these name regexes")
     p.add_argument("--pair-tasks", action="store_true", help="each antithetic pair gets its own training tasks")

@@ -1,0 +1,71 @@
+"""`ESConfig`: the validated ES settings. Light to import (no torch), so configs are checked at once."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from esopt.es.schedules import Schedule, ScheduleKind
+from esopt.es.scope import ParamScope
+
+DEFAULT_CHUNK_NUMEL = 1 << 20  # 4 MiB of fp32 per noise chunk
+
+
+class ESConfig(BaseModel):
+    """The validated ES settings; the training config's `es:` section extends this class, so what a
+    YAML file sets is exactly what `ES` runs with."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    population_size: int = Field(32, ge=1, description="G: members per generation")
+    antithetic: bool = Field(False, description="members 2k, 2k+1 share a seed with signs +1, -1")
+    sigma: float = Field(1e-3, gt=0, description="noise scale at generation 0")
+    sigma_min: float = Field(2.5e-4, ge=0, description="sigma's floor at the end of the schedule; 0 over-fits (paper)")
+    sigma_schedule: ScheduleKind = "cosine"
+    alpha: float = Field(5e-4, ge=0, description="learning rate; the update is alpha/G * sum_i w_i eps_i")
+    alpha_min: float = Field(0.0, ge=0)
+    alpha_schedule: ScheduleKind = "constant"
+    total_generations: int = Field(100, ge=1, description="schedule length")
+    shaping: Literal["zscore", "centered_rank", "identity"] = "zscore"
+    weight_decay: float = Field(0.0, ge=0, description="decoupled: theta *= 1 - alpha * weight_decay")
+    scope: Literal["full", "linear", "regex"] = Field("full", description="linear: linear-layer weights; regex: scope_pattern")
+    scope_pattern: str | None = None
+    noise: str = Field("normal", description="noise kind: a registered Perturbation ('normal': dense Gaussian)")
+    restore: Literal["exact", "subtract"] = Field("exact", description="exact: fp32 master copy; subtract: no copy, drifts")
+    master_device: str = "cpu"
+    chunk_numel: int = Field(DEFAULT_CHUNK_NUMEL, ge=1, description="noise chunk size, part of the noise spec")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> ESConfig:
+        if self.antithetic and self.population_size % 2:
+            raise ValueError(f"antithetic sampling needs an even population_size (got {self.population_size})")
+        if self.sigma_min > self.sigma and self.sigma_schedule != "constant":
+            raise ValueError(f"sigma_min ({self.sigma_min}) must not exceed sigma ({self.sigma})")
+        ParamScope(self.scope, self.scope_pattern)
+        if self.noise != "normal":  # other kinds live with torch; the default keeps config checks light
+            from esopt.es.perturbation import perturbation_class
+
+            perturbation_class(self.noise)
+        return self
+
+    @property
+    def param_scope(self) -> ParamScope:
+        return ParamScope(self.scope, self.scope_pattern)
+
+    def noise_spec(self) -> dict:
+        from esopt.es.perturbation import perturbation_class
+
+        return perturbation_class(self.noise).make_spec(self.chunk_numel)
+
+    def sigma_at(self, generation: int) -> float:
+        return Schedule(self.sigma_schedule, self.sigma, self.sigma_min, self._length())(generation)
+
+    def alpha_at(self, generation: int) -> float:
+        return Schedule(self.alpha_schedule, self.alpha, self.alpha_min, self._length())(generation)
+
+    def _length(self) -> int:
+        if self.total_generations is None:
+            raise ValueError("total_generations is not set: the schedules need their length")
+        return self.total_generations

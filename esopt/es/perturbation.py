@@ -1,0 +1,213 @@
+"""The weight-host seam: how one member's noise is written into a list of parameters and removed again,
+and how a generation's update is applied.
+
+A `Perturbation` is built from a ledger's noise spec (`build_perturbation`), so `ES`, `replay` and any
+replica (a Ray worker, a GPU engine) that holds the same weights make the same numbers. A noise kind is
+one subclass registered under its spec's `dist` name: `GaussianNoise` ("normal", dense, chunked) is the
+default; a low-rank kind overrides `perturb`/`restore`/`update`; a kind that only changes the random
+numbers (see the Rademacher kind in the tests) overrides `draw`.
+
+Restore modes:
+- "exact": a master copy of the parameters is kept in fp32 on `master_device` (CPU: off the
+  accelerator). Perturb writes master + sigma*eps, restore copies the master back (bit-exact in any
+  dtype, and faster than regenerating noise); updates accumulate in the fp32 master. Costs one fp32
+  copy of the parameters in host memory. Default: resume, replay and bf16 training are exact with it.
+- "subtract": regenerate the noise and subtract it. No extra copy (true inference-level memory), but
+  theta + d - d != theta in floating point: fp32 drifts ~1e-7 per cycle, bf16 far more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import torch
+
+from esopt.es.noise import DEFAULT_CHUNK_NUMEL, NoiseSource
+
+Params = Sequence[tuple[str, torch.nn.Parameter]]
+
+
+class Perturbation:
+    """Seeded noise over a fixed list of (name, parameter): perturb, restore, update.
+
+    Subclasses set `dist` (the spec's name for the kind) and `version` (bumped whenever the numbers a
+    spec produces change, so an old ledger is refused instead of replayed wrongly)."""
+
+    dist: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+
+    def __init__(self, params: Params, spec: dict, restore: str = "exact", master_device: str = "cpu"):
+        if restore not in ("exact", "subtract"):
+            raise ValueError(f"restore must be 'exact' or 'subtract', got {restore!r}")
+        check_spec(spec, type(self))
+        self.params = list(params)
+        self.spec = dict(spec)
+        self.restore_mode = restore
+        self.masters: list[torch.Tensor] | None = None
+        if restore == "exact":
+            self.masters = [p.detach().to(master_device, torch.float32, copy=True).view(-1) for _, p in self.params]
+
+    @classmethod
+    def make_spec(cls, chunk_numel: int = DEFAULT_CHUNK_NUMEL) -> dict:
+        return {"version": cls.version, "dist": cls.dist, "dtype": "float32", "chunk_numel": chunk_numel}
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for _, p in self.params)
+
+    def perturb(self, seed: int, scale: float, upto: int | None = None) -> Iterator[int]:
+        """theta_k += scale * eps_k for the first `upto` tensors; yields k after each one is done."""
+        raise NotImplementedError
+
+    def restore(self, seed: int, scale: float, upto: int | None = None) -> None:
+        """Undo perturb(seed, scale) on the first `upto` tensors (all by default)."""
+        raise NotImplementedError
+
+    def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
+        """theta = theta * (1 - decay) + step * sum_seed coef_seed * eps_seed; returns the change's RMS."""
+        raise NotImplementedError
+
+    def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
+        """sum_seed coef * eps_seed for every parameter as whole fp32 tensors (analyses)."""
+        raise NotImplementedError
+
+
+class GaussianNoise(Perturbation):
+    """Dense N(0, 1) noise, drawn chunk by chunk (`noise.py`), so the extra memory is one chunk."""
+
+    dist = "normal"
+    version = 1
+
+    def __init__(self, params: Params, spec: dict, restore: str = "exact", master_device: str = "cpu"):
+        super().__init__(params, spec, restore, master_device)
+        self.noise = NoiseSource(int(spec["chunk_numel"]))
+
+    def draw(self, seed: int, name: str, k: int, length: int, device: torch.device) -> torch.Tensor:
+        """Chunk k of tensor `name`'s noise for a member seed; valid until the next draw."""
+        return self.noise.chunk(seed, name, k, length, device)
+
+    def chunks(self, seed: int, name: str, numel: int, device: torch.device) -> Iterator[tuple[int, int, torch.Tensor]]:
+        for k, start, end in self.noise.bounds(numel):
+            yield start, end, self.draw(seed, name, k, end - start, device)
+
+    @torch.no_grad()
+    def perturb(self, seed: int, scale: float, upto: int | None = None) -> Iterator[int]:
+        for k, (name, p) in enumerate(self.params[:upto]):
+            flat, done = p.data.view(-1), 0
+            try:
+                for s, e, eps in self.chunks(seed, name, flat.numel(), p.device):
+                    self._add_noise(k, flat, s, e, eps, scale)
+                    done = e
+            except BaseException:  # interrupted mid-tensor: undo its finished chunks, then re-raise
+                for s, e, eps in self.chunks(seed, name, done, p.device):
+                    self._add_noise(k, flat, s, e, eps, -scale, undo=True)
+                raise
+            yield k
+
+    def _add_noise(self, k: int, flat: torch.Tensor, s: int, e: int, eps: torch.Tensor, scale: float,
+                   undo: bool = False) -> None:
+        if self.masters is not None:  # write from the fp32 master: exact in any dtype
+            src = self.masters[k][s:e].to(flat.device)  # no copy on the same device: add out of place
+            flat[s:e].copy_(src if undo else torch.add(src, eps, alpha=scale))
+        elif flat.dtype == torch.float32:
+            flat[s:e].add_(eps, alpha=scale)
+        else:
+            flat[s:e].copy_(flat[s:e].float().add_(eps, alpha=scale))
+
+    @torch.no_grad()
+    def restore(self, seed: int, scale: float, upto: int | None = None) -> None:
+        if self.masters is None:
+            for _ in self.perturb(seed, -scale, upto):
+                pass
+            return
+        for (_, p), m in zip(self.params[:upto], self.masters):
+            p.data.view(-1).copy_(m)
+
+    @torch.no_grad()
+    def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
+        out = []
+        for name, p in self.params:
+            acc = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
+            for seed, c in coefs.items():
+                if c:
+                    for s, e, eps in self.chunks(seed, name, p.numel(), p.device):
+                        acc[s:e].add_(eps, alpha=c)
+            out.append(acc.view(p.shape))
+        return out
+
+    @torch.no_grad()
+    def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
+        """Accumulated in fp32, seeds summed in the order given, so training and replay do identical
+        floating-point operations (bit-exact replay in fp32)."""
+        sq, count = 0.0, 0
+        for k, (name, p) in enumerate(self.params):
+            flat = p.data.view(-1)
+            target = self.masters[k] if self.masters is not None else flat
+            for j, s, e in self.noise.bounds(flat.numel()):
+                acc = torch.zeros(e - s, dtype=torch.float32, device=p.device)
+                for seed, c in coefs.items():
+                    acc.add_(self.draw(seed, name, j, e - s, p.device), alpha=c * step)
+                sq += float(torch.dot(acc, acc))
+                count += e - s
+                chunk = target[s:e]
+                if decay:
+                    chunk.mul_(1.0 - decay)
+                if chunk.dtype == torch.float32:
+                    chunk.add_(acc.to(chunk.device))
+                else:
+                    chunk.copy_(chunk.float().add_(acc))
+            if self.masters is not None:
+                flat.copy_(self.masters[k])
+        return math.sqrt(sq / max(count, 1))
+
+
+PERTURBATIONS: dict[str, type[Perturbation]] = {}
+
+
+def register_perturbation(cls: type[Perturbation]) -> type[Perturbation]:
+    """Make a noise kind available to `ES` (config `noise: <dist>`) and to `replay` (usable as a decorator)."""
+    if not cls.dist:
+        raise ValueError(f"{cls.__name__} needs a `dist` name")
+    PERTURBATIONS[cls.dist] = cls
+    return cls
+
+
+register_perturbation(GaussianNoise)
+
+
+def perturbation_class(dist: str) -> type[Perturbation]:
+    if dist not in PERTURBATIONS:
+        raise ValueError(f"unknown noise kind {dist!r}; registered: {sorted(PERTURBATIONS)}")
+    return PERTURBATIONS[dist]
+
+
+def check_spec(spec: dict, cls: type[Perturbation]) -> None:
+    if spec.get("dist") != cls.dist:
+        raise ValueError(f"noise spec {spec} is not of kind {cls.dist!r}")
+    if spec.get("version") != cls.version:
+        raise ValueError(f"noise spec of kind {cls.dist!r} has version {spec.get('version')}, "
+                         f"this esopt makes version {cls.version}: replay it with the esopt that wrote it")
+
+
+def build_perturbation(params: Params, spec: dict, restore: str = "exact", master_device: str = "cpu"
+                       ) -> Perturbation:
+    """The perturbation a noise spec (a ledger line's `noise`) describes, over `params`."""
+    return perturbation_class(spec.get("dist", ""))(params, spec, restore, master_device)
+
+
+def update_coefficients(record: dict) -> dict[int, float]:
+    """Per unique seed, sum of sign * weight over its members (an antithetic pair needs one noise draw)."""
+    coefs: dict[int, float] = {}
+    for seed, sign, w in zip(record["seeds"], record["signs"], record["weights"]):
+        coefs[int(seed)] = coefs.get(int(seed), 0.0) + float(sign) * float(w)
+    return {s: c for s, c in coefs.items() if c != 0.0}
+
+
+def apply_record(perturbation: Perturbation, record: dict) -> float:
+    """Apply one generation's update from its ledger line (used by tell, replay and replica sync)."""
+    if record["alpha"] <= 0:
+        return 0.0
+    step = record["alpha"] / record["population_size"]
+    return perturbation.update(update_coefficients(record), step, decay=record["alpha"] * record["weight_decay"])

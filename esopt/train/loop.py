@@ -1,0 +1,181 @@
+"""The one training loop every algorithm (ES, GRPO, PPO) runs.
+
+An `Algorithm` does one step (rollouts and an update) and returns its metrics row; it owns its
+weights-and-state. This loop owns everything else, written once: the run directory, the held-out eval
+schedule, the progress bar and log line, checkpoints, Ctrl-C handling, resume and the summary.
+
+    step s: row = algorithm.step(s) -> metrics.jsonl -> eval every `eval.every` and at the end
+            -> checkpoint every `checkpoint_every` and at the end
+
+A step's update happens completely or not at all (the algorithm defers SIGINT around it), so a Ctrl-C
+leaves the weights of the last finished step, which are checkpointed before the loop exits.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from esopt.policies import HFPolicy
+from esopt.train.common import (
+    RunDir,
+    Timers,
+    env_factory,
+    evaluate,
+    inference_peak_bytes,
+    progress_bar,
+    read_summary,
+    say,
+)
+from esopt.train.config import BaseTrainConfig
+from esopt.utils.memory import fmt_bytes, peak_memory_bytes
+
+
+class Algorithm(Protocol):
+    """One training algorithm as the loop sees it."""
+
+    policy: HFPolicy
+    unit: str  # what one step is called in logs: "generation" (ES) or "step"
+    steps_done: int  # steps whose update is complete (set inside the update's SIGINT-deferred block)
+
+    def step(self, step: int) -> dict:
+        """Roll out and update once; returns the metrics row (numbers, `reward_mean`/`reward_max` at least)."""
+        ...
+
+    def describe(self, row: dict) -> str:
+        """The algorithm's part of the per-step log line."""
+        ...
+
+    def checkpoint_files(self) -> dict:
+        """Extra files a checkpoint holds (optimizer state...): {name: text or callable(path)}."""
+        ...
+
+    def time_note(self, timers: Timers) -> str:
+        """The summary's note on where the time went."""
+        ...
+
+
+# (run dir, config, make_env, timers, resume, progress) -> (algorithm, first step)
+Setup = Callable[[RunDir, BaseTrainConfig, Callable, Timers, bool, bool], tuple[Algorithm, int]]
+
+
+def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool = False, progress: bool = True) -> dict:
+    """Run (or resume) one training run in `out`; returns the summary."""
+    rd = RunDir(out, create=False)
+    if resume:
+        done = completed_summary(rd, config)
+        if done is not None:
+            say(f"{rd.root} already finished {done['steps_done']}/{config.steps} steps; nothing to do "
+                f"(raise `steps` to continue it)", progress)
+            return done
+    elif rd.holds_run():
+        raise FileExistsError(f"{rd.root} already holds a run: use --resume or another --out")
+    make_env = env_factory(config)  # bad env settings fail here, before anything is written
+    created = not rd.root.exists()
+    timers = Timers()
+    try:
+        rd.create()
+        if not resume:
+            rd.write_config(config)
+        algorithm, start = setup(rd, config, make_env, timers, resume, progress)
+    except BaseException:
+        if created and not resume:  # a failed start leaves no half-made run dir
+            shutil.rmtree(rd.root, ignore_errors=True)
+        raise
+    policy = algorithm.policy
+
+    def run_eval(step: int) -> dict:
+        t = time.perf_counter()
+        result = evaluate(policy, config, make_env)
+        timers.eval += time.perf_counter() - t
+        rd.log(step, "eval", result)
+        return result
+
+    def checkpoint(step: int) -> None:
+        rd.save_checkpoint(policy, step, {"algo": config.algo}, config.keep_checkpoints,
+                           extra_files=algorithm.checkpoint_files())
+
+    if resume:
+        say(f"resuming {rd.root} at {algorithm.unit} {start}/{config.steps}", progress)
+    evals = {r["step"]: r for r in rd.metrics() if r["kind"] == "eval"}
+    if start not in evals:
+        evals[start] = run_eval(start)
+    say(f"eval @ {start}: success {evals[start]['success_rate']:.3f} reward {evals[start]['mean_reward']:.3f}",
+        progress)
+    t_start, interrupted, done = time.perf_counter(), False, start
+    bar = progress_bar(config.steps, f"{algorithm.unit}s", initial=start) if progress else None
+    try:
+        for step in range(start, config.steps):
+            t_step = time.perf_counter()
+            row = algorithm.step(step)
+            done = step + 1
+            row["seconds"] = time.perf_counter() - t_step
+            row["peak_memory_bytes"] = peak_memory_bytes(policy.device)
+            rd.log(done, "train", row)
+            line = (f"{algorithm.unit} {done}/{config.steps} | reward mean {row['reward_mean']:.3f} "
+                    f"max {row['reward_max']:.3f}{algorithm.describe(row)}")
+            if (config.eval.every and done % config.eval.every == 0) or done == config.steps:
+                evals[done] = run_eval(done)
+                line += f" | eval success {evals[done]['success_rate']:.3f}"
+            line += f" | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
+            say(line, progress)
+            if done % config.checkpoint_every == 0 or done == config.steps:
+                checkpoint(done)
+            if bar:
+                bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+        done = algorithm.steps_done  # a Ctrl-C right after an update still counts that step
+        checkpoint(done)
+        say(f"interrupted: saved {algorithm.unit} {done}; resume with `esopt train --resume {rd.root}`", progress)
+    finally:
+        if bar:
+            bar.close()
+    return finish(rd, algorithm, config, timers, evals, start, done, time.perf_counter() - t_start, interrupted,
+                  progress)
+
+
+def completed_summary(rd: RunDir, config: BaseTrainConfig) -> dict | None:
+    """The summary of a run that already did all `config.steps` steps (resuming it must change nothing)."""
+    summary = read_summary(rd)
+    if summary and not summary.get("interrupted") and summary.get("steps_done", -1) >= config.steps:
+        return summary
+    return None
+
+
+def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Timers, evals: dict, start: int,
+           done: int, seconds: float, interrupted: bool, progress: bool) -> dict:
+    """Final artefacts: final/ weights, plots, memory ratio, summary.json and the closing line."""
+    policy = algorithm.policy
+    peak = peak_memory_bytes(policy.device)
+    episodes = max(config.rollout_batch_size, config.eval.tasks * config.eval.repeats)
+    infer = inference_peak_bytes(config, episodes) if config.measure_inference_peak and not interrupted else None
+    first, last = (evals[min(evals)], evals[max(evals)]) if evals else (None, None)
+    summary = {
+        "algo": config.algo, "steps_done": done, "steps": config.steps, "interrupted": interrupted,
+        "seconds": seconds, "seconds_per_step": seconds / max(done - start, 1),
+        "time_split": {"perturb": timers.perturb, "restore": timers.restore, "update": timers.update,
+                       "rollout": timers.rollout, "eval": timers.eval,
+                       "es_overhead_share": timers.es_overhead_share},
+        "peak_memory_bytes": peak, "inference_peak_bytes": infer,
+        "memory_ratio": peak / infer if infer else None,
+        "eval_before": first, "eval_after": last,
+    }
+    if not interrupted:
+        rd.save_final(policy, summary)
+    rd.plot()
+    rd.close()
+    ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"
+    tail = f"{seconds:.0f}s | peak {fmt_bytes(peak)} ({config.algo} / inference-only = {ratio}) | {algorithm.time_note(timers)}"
+    if interrupted:
+        last_step = max(evals) if evals else start
+        say(f"interrupted at {algorithm.unit} {done}/{config.steps}: no final eval; last eval (@ {last_step}) success "
+            f"{last['success_rate']:.3f} | {tail}" if last else f"interrupted at {done}/{config.steps} | {tail}",
+            progress)
+    elif first and last:
+        say(f"done: held-out success {first['success_rate']:.3f} -> {last['success_rate']:.3f}, reward "
+            f"{first['mean_reward']:.3f} -> {last['mean_reward']:.3f} | {tail}", progress)
+    return summary
