@@ -35,6 +35,9 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError("train needs a CONFIG file (or --resume RUN_DIR)")
         config = load_config(args.config, args.overrides)
         out = Path(args.out or f"runs/{config.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    from esopt.envs import make_env
+
+    make_env(config.env.id, **config.env.kwargs).close()  # bad env settings: a one-line error, before torch loads
     trainer = _trainer(config.algo)
     summary = trainer(config, out, resume=bool(args.resume), progress=not args.no_progress)
     print(f"run directory: {out}")

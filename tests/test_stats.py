@@ -22,3 +22,20 @@ def test_paired_difference_interval():
     assert down.high < 0
     with pytest.raises(ValueError, match="do not split"):
         paired_difference(before[:-1], after[:-1], tasks)
+
+
+def test_eval_plot_shows_paired_changes_with_intervals(tmp_path):
+    from esopt.utils.plots import eval_changes, plot_evals
+
+    rng = __import__("numpy").random.default_rng(0)
+    first = [int(x) for x in rng.integers(0, 2, 200)]
+    better = [1 if (a or i % 3 == 0) else 0 for i, a in enumerate(first)]
+    evals = [{"step": 0, "success_rate": 0.5, "episode_success": first},
+             {"step": 5, "success_rate": 0.5, "episode_success": list(first)},
+             {"step": 10, "success_rate": 0.7, "episode_success": better}]
+    changes = eval_changes(evals)
+    assert changes[1][1:] == (0.0, 0.0, 0.0)  # no change: a flat zero, not a panel-filling jump
+    step, mean, low, high = changes[2]
+    assert step == 10 and 0 < low < mean < high
+    assert plot_evals(evals, tmp_path / "eval.png").stat().st_size > 0
+    assert eval_changes([{"step": 0, "success_rate": 0.1}]) == []  # rows without episode scores

@@ -196,3 +196,40 @@ def test_shipped_smoke_config_makes_real_updates(tmp_path):
         assert len(set(record["rewards"])) > 1 and any(w != 0 for w in record["weights"])
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["update_rms"] > 0 for r in rows if r["kind"] == "train")
+    # resuming a finished run changes nothing: same summary, same ledger
+    before = (out / "summary.json").read_bytes(), (out / "history.jsonl").read_bytes()
+    again = train(load_config(out / "config.yaml"), out, resume=True, progress=False)
+    assert again == summary or again["seconds"] == summary["seconds"]
+    assert ((out / "summary.json").read_bytes(), (out / "history.jsonl").read_bytes()) == before
+
+
+def test_ctrl_c_checkpoints_and_says_there_was_no_final_eval(tmp_path, monkeypatch, capsys):
+    import esopt.train.es as es_train
+
+    real, calls = es_train.rollout, {"n": 0}
+
+    def rollout_then_ctrl_c(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 4:  # 4 members of generation 1 finish, then Ctrl-C in generation 2
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(es_train, "rollout", rollout_then_ctrl_c)
+    out = tmp_path / "run"
+    summary = train(load_config("smoke", ["steps=3", "eval.tasks=2", "eval.every=0"]), out, progress=False)
+    text = capsys.readouterr().out
+    assert summary["interrupted"] and summary["steps_done"] == 1
+    assert "interrupted at generation 1/3: no final eval" in text and "done:" not in text
+    assert (out / "checkpoints" / "step_000001" / "model.safetensors").exists()
+    assert not (out / "final").exists()
+
+
+def test_logs_without_a_terminal_hold_plain_lines(tmp_path):
+    """Progress on, stderr a pipe (`| tee`): no carriage-return bars, no library shard bars."""
+    res = subprocess.run([sys.executable, "-m", "esopt.cli", "train", "smoke", "--out", str(tmp_path / "run"),
+                          "steps=1", "eval.tasks=2", "measure_inference_peak=false"], env=ENV, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "\r" not in res.stdout + res.stderr
+    assert "Loading weights" not in res.stderr and "Writing model shards" not in res.stderr
+    assert "generation 1/1" in res.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -10,6 +11,14 @@ from esopt.es.schedules import Schedule, ScheduleKind
 from esopt.es.scope import ParamScope
 
 DEFAULT_CHUNK_NUMEL = 1 << 20  # 4 MiB of fp32 per noise chunk
+
+
+def noise_kinds() -> list[str]:
+    """Registered noise kinds. A kind is registered by importing `esopt.es.perturbation` (torch) and
+    calling `register_perturbation`; until that module is loaded only the built-in kind exists, so
+    checking a config never has to load torch."""
+    registry = sys.modules.get("esopt.es.perturbation")
+    return sorted(registry.PERTURBATIONS) if registry else ["normal"]
 
 
 class ESConfig(BaseModel):
@@ -44,10 +53,9 @@ class ESConfig(BaseModel):
         if self.sigma_min > self.sigma and self.sigma_schedule != "constant":
             raise ValueError(f"sigma_min ({self.sigma_min}) must not exceed sigma ({self.sigma})")
         ParamScope(self.scope, self.scope_pattern)
-        if self.noise != "normal":  # other kinds live with torch; the default keeps config checks light
-            from esopt.es.perturbation import perturbation_class
-
-            perturbation_class(self.noise)
+        kinds = noise_kinds()
+        if self.noise not in kinds:
+            raise ValueError(f"unknown noise kind {self.noise!r}; registered: {kinds}")
         return self
 
     @property
