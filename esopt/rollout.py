@@ -23,7 +23,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from esopt.policies.base import Generation, Policy, SamplingParams
+from esopt.policies.base import Completion, Policy, SamplingParams
 
 Message = dict[str, str]
 Examples = Sequence[tuple[str, str]]  # worked (observation, action) exchanges shown before the episode
@@ -118,15 +118,6 @@ class RolloutStats:
         """Generated tokens per wall-clock second of the whole rollout (env and prompts included)."""
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
-    @property
-    def generate_tokens_per_second(self) -> float:
-        return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
-
-    @property
-    def overhead_fraction(self) -> float:
-        """Share of rollout time spent outside policy.generate (envs, prompt building, bookkeeping)."""
-        return 1.0 - self.generate_seconds / self.seconds if self.seconds > 0 else 0.0
-
 
 def turn_seed(seed: int, turn: int, chunk: int = 0) -> int:
     """The sampling seed of one generate call, derived from (seed, turn, chunk)."""
@@ -208,7 +199,7 @@ class _Episode:
             prompt = policy.build_prompt(self.messages())
         return prompt
 
-    def step(self, prompt: str, gen: Generation, max_turns: int | None) -> None:
+    def step(self, prompt: str, gen: Completion, max_turns: int | None) -> None:
         obs, reward, terminated, truncated, info = self.env.step(gen.text)
         self.obs = str(obs)
         if max_turns is not None and self.trajectory.num_turns + 1 >= max_turns and not terminated:

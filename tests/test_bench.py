@@ -59,7 +59,7 @@ def test_horizon_plan_options_and_matched_budget_checks():
                                          "--group-size", "6", "--methods", "es", "ppo", "--set", "es.sigma=0.01"]))
     assert plan.size == 6 and plan.methods == ["es", "ppo"]
     configs = {m: horizon.run_config(plan, m, 10, 0) for m in horizon.METHODS}
-    assert {m: horizon.episodes_per_step(c) for m, c in configs.items()} == {"es": 48, "grpo": 48, "ppo": 48}
+    assert {m: c.episodes_per_step for m, c in configs.items()} == {"es": 48, "grpo": 48, "ppo": 48}
     assert configs["es"].es.sigma == 0.01 and configs["es"].es.tasks_per_member == 4
     assert configs["grpo"].grpo.tasks_per_step == 8 and configs["ppo"].ppo.tasks_per_step == 48
     assert len({c.sampling.model_dump_json() for c in configs.values()}) == 1
@@ -103,7 +103,7 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
         assert summary["steps_done"] == plan.steps and summary["eval_after"] is not None
         assert (run / "plots" / "eval.png").exists()
         # matched budget: from the config, and from the episodes really rolled out in training
-        assert horizon.episodes_per_step(load_config(run / "config.yaml")) == plan.episodes_per_step
+        assert load_config(run / "config.yaml").episodes_per_step == plan.episodes_per_step
         assert episodes[name] == plan.steps * plan.episodes_per_step, name
     results = horizon.load_results(plan, tmp_path)
     assert {r.episodes_per_step for r in results} == {plan.episodes_per_step}

@@ -40,3 +40,13 @@ def test_a_failed_model_load_removes_the_run_dir_it_created(tmp_path):
     with pytest.raises(FileNotFoundError, match="unknown model"):
         train(load_config("smoke", ["model.name=/no/such/model"]), out, progress=False)
     assert not out.exists()
+
+
+def test_eval_takes_any_env_through_env_kwargs(capsys):
+    from esopt.cli import main
+
+    assert main(["eval", "--model", "tiny", "--env-kwargs", '{"size": 4, "h_star": 2}', "--episodes", "2",
+                 "--max-new-tokens", "4", "--samples", "0", "--no-progress"]) == 0
+    assert "{'size': 4, 'h_star': 2}" in capsys.readouterr().out
+    assert main(["eval", "--model", "tiny", "--env-kwargs", "{size: 4}"]) == 2
+    assert "--env-kwargs is not valid JSON" in capsys.readouterr().err

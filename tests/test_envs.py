@@ -126,3 +126,47 @@ def test_sudoku_env_accepts_text_longer_than_action_space():
     assert long_text not in env.action_space
     _, _, _, _, info = env.step(long_text)
     assert info["action_is_valid"] and info["feedback"].startswith("ok")
+
+
+def test_every_registered_env_keeps_the_agent_env_contract():
+    from esopt.envs import ENV_IDS, check_env, make_env
+
+    assert ENV_IDS
+    for env_id in ENV_IDS:
+        with make_env(env_id) as env:
+            check_env(env)
+
+
+def test_check_env_names_what_is_missing():
+    import gymnasium as gym
+    import pytest
+
+    from esopt.envs import AgentEnv, EnvContractError, check_env
+
+    class NoSuccessKey(AgentEnv):
+        instructions = "say hi"
+        observation_space = action_space = gym.spaces.Text(8)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return "hi", {}
+
+        def step(self, action):
+            return "hi", 0.0, True, False, {"action_is_valid": True}
+
+    with pytest.raises(EnvContractError, match="lacks 'is_success'"):
+        check_env(NoSuccessKey())
+    NoSuccessKey.instructions = ""
+    with pytest.raises(EnvContractError, match="instructions"):
+        check_env(NoSuccessKey())
+
+
+def test_unknown_env_id_and_argument_are_one_line_value_errors():
+    import pytest
+
+    from esopt.envs import make_env
+
+    with pytest.raises(ValueError, match="unknown env id 'esopt/Nope-v0'"):
+        make_env("esopt/Nope-v0")
+    with pytest.raises(ValueError, match="unknown argument 'sizee'"):
+        make_env("esopt/Sudoku-v0", sizee=4)

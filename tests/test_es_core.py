@@ -316,3 +316,29 @@ def test_bad_rewards_raise_clear_errors():
     with pytest.raises(ValueError, match="empty"):
         zscore([])
 
+
+
+def test_weights_changed_hook_fires_on_perturb_restore_and_update():
+    model = small_net()
+    calls = []
+    es = ES(model, ESConfig(population_size=2, sigma=0.1, alpha=0.1), on_weights_changed=lambda: calls.append(1))
+    members = es.ask()
+    with es.perturbed(members[0]):
+        assert len(calls) == 1  # perturbed
+    assert len(calls) == 2  # restored
+    es.tell([1.0, 0.0])
+    assert len(calls) == 3  # updated
+    assert es.last_record["generation"] == 0 and es.last_record["noise"]["dist"] == "normal"
+
+
+def test_explicit_sigma_overrides_the_schedule():
+    model = small_net()
+    es = ES(model, ESConfig(population_size=2, sigma=0.1, sigma_schedule="constant"))
+    name, p = es.perturbation.params[0]
+    base = p.detach().clone()
+    member = es.ask()[0]
+    with es.perturbed(member, sigma=0.2):
+        big = (p.detach() - base).clone()
+    with es.perturbed(member):
+        small = (p.detach() - base).clone()
+    torch.testing.assert_close(big, 2 * small, rtol=1e-4, atol=1e-6)

@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from esopt.policies import Generation, HFPolicy, SamplingParams, build_tiny_model
+from esopt.policies import Completion, HFPolicy, SamplingParams, build_tiny_model
 from esopt.rollout import RolloutStats, Trajectory, markov_messages, run_episodes, turn_seed
 
 
@@ -75,7 +75,7 @@ class BisectPolicy:
                 elif fb == "lower":
                     hi = int(g) - 1
             text = str((lo + hi) // 2)
-            out.append(Generation(prompt_ids=[1, 2], token_ids=[ord(text)], text=text))
+            out.append(Completion(prompt_ids=[1, 2], token_ids=[ord(text)], text=text))
         return out
 
 
@@ -265,3 +265,42 @@ def test_sudoku_rollout_consistent_with_env(policy):
         assert traj.turns[-1].done
         assert traj.success == bool(traj.turns[-1].info.get("is_success", False))
         env.close()
+
+
+def test_history_context_budget_drops_oldest_exchanges(policy):
+    """The tiny model's tokenizer is one token per character, so the budget is exact in characters."""
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4)
+    full, _ = run_episodes(policy, GuessEnv, [5, 6], sampling, seed=1, conversation="history", system_prompt="S")
+    longest = max(len(t.prompt_ids) for tr in full for t in tr.turns)
+    budget = 90
+    assert longest > budget  # without a budget the history outgrows it
+    cut, _ = run_episodes(policy, GuessEnv, [5, 6], sampling, seed=1, conversation="history", system_prompt="S",
+                          max_prompt_tokens=budget)
+    for traj in cut:
+        obs = _replay(traj)
+        for i, turn in enumerate(traj.turns):
+            assert len(turn.prompt_ids) <= budget
+            assert obs[i] in turn.prompt  # the current observation is always there
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        run_episodes(policy, GuessEnv, [5], sampling, conversation="history", max_prompt_tokens=0)
+
+
+def test_stop_strings_cut_text_and_tokens(policy):
+    from esopt.policies.base import cut_at_stop
+
+    tok = policy.tokenizer
+    ids = tok("abc STOP def", add_special_tokens=False)["input_ids"]
+    done = cut_at_stop(Completion([1], ids, "abc STOP def", [0.0] * len(ids)), ("STOP", "zz"), tok.decode)
+    assert done.text == "abc " and tok.decode(done.token_ids) == "abc STOP" and len(done.logprobs) == 8
+    untouched = Completion([1], ids, "abc STOP def")
+    assert cut_at_stop(untouched, ("nope",), tok.decode) is untouched
+    # through generate: stop at a character the model actually writes
+    free = policy.generate(["Last guess: 3"] * 4, SAMPLING, seed=7)
+    text = next(c.text for c in free if len(c.text) >= 3)
+    stop = text[2]
+    cut = policy.generate(["Last guess: 3"] * 4, SamplingParams(1.0, 1.0, 0, 8, stop=(stop,)), seed=7)
+    for a, b in zip(free, cut):
+        assert stop not in b.text and a.text.startswith(b.text)
+        assert b.token_ids == a.token_ids[: len(b.token_ids)]
+    with pytest.raises(ValueError, match="stop strings"):
+        SamplingParams(stop=("",))

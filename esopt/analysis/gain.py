@@ -146,6 +146,12 @@ def rows(result: dict) -> list[dict]:
                     "shaped": ev["shaped_reward"], "d_shaped": list(dh[:3]), "valid": ev["valid_action_rate"],
                     "correct_given_valid": ev["correct_given_valid"], "step_norm": result["norms"].get(name),
                     "generations": ev.get("generations")})
+        control = evals.get("random-" + name.removeprefix("es-")) if name.startswith("es-") else None
+        if control is not None:  # ES against the random walk of the same run, paired
+            vs = paired_difference(control["episode_success"], ev["episode_success"], n)
+            vh = paired_difference(control["episode_shaped"], ev["episode_shaped"], n)
+            out[-1]["vs_random"] = {"d_success": list(vs[:3]), "d_shaped": list(vh[:3]),
+                                    "mcnemar_p": mcnemar_p(control["episode_success"], ev["episode_success"])}
     return out
 
 
@@ -165,6 +171,16 @@ def report(result: dict) -> str:
         lines.append(f"| {name} | {r['generations'] or '-'} | {norm} | {r['success']:.3f} | {fmt_change(ds)} | "
                      f"{r['mcnemar_p']:.3g} | {r['shaped']:.3f} | {fmt_change(dh)} | {r['valid']:.3f} | "
                      f"{r['correct_given_valid']:.3f} |")
+    versus = [r for r in rows(result) if r.get("vs_random")]
+    if versus:
+        lines += ["", "ES against its own random-walk control (paired on the same episodes; the walk has the same "
+                  "generations, seeds and step lengths with the coefficients shuffled):", "",
+                  "| run | success change vs random [95% CI] | McNemar p | shaped change vs random [95% CI] |",
+                  "|---|---|---|---|"]
+        for r in versus:
+            v = r["vs_random"]
+            lines.append(f"| {r['name']} | {fmt_change(v['d_success'])} | {v['mcnemar_p']:.3g} | "
+                         f"{fmt_change(v['d_shaped'])} |")
     if result["validation"]:
         scores = ", ".join(f"T={t}: {s[0]:.3f}" for t, s in result["validation"].items())
         lines += ["", f"Base temperature chosen on {result['validation_episodes']} validation episodes (success): "

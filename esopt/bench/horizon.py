@@ -17,36 +17,8 @@ is `tiny-sudoku` (tiny Llama, ~1.05M parameters, warm-started 800 supervised ste
 built once and cached), and every run evaluates the same held-out tasks with the same sampling seed, so
 step 0 of every run at one H* is the base model.
 
-Hyper-parameters (`HPARAMS`; change any with `--set es.sigma=1e-2 grpo.lr=3e-5 ...`):
-- ES: sigma 3e-3, cosine to 1e-3, alpha 1.5e-3, antithetic, z-score shaping (as configs/sudoku4_h10_cpu.yaml).
-  Calibrated on the v6 warm start (4x4, H*=6, 64 episodes): members at sigma 3e-3 score like the base
-  (shaped 0.51-0.57 vs 0.51), sigma 1e-2 halves the score (0.19-0.33) and sigma 3e-2 destroys it (0.00-0.02).
-- GRPO: lr 1e-5, KL 1e-3 (k3, to the initial model), clip 0.2, 1 epoch, group 8.
-- PPO: lr 1e-5 (critic 1e-3, a fresh zero-initialised value head needs to move fast), KL 1e-3, clip 0.2,
-  2 epochs, GAE gamma 1 lambda 0.95.
-The paper's lr 1e-6 is for a 4B model over 100 steps of 1024 episodes. Adam moves every weight by about
-lr per step, so 8 steps at 1e-6 would move the tiny model's weights by ~1e-5, far below the ~3e-3 scale at
-which its behaviour changes (ES's sigma). lr was tuned on H*=5, seeds 0 and 1 (v6 warm start, base 0.375 on 32
-held-out tasks, success after 8 steps): GRPO 1e-4 -> 0.00/0.00 (collapse), 3e-5 -> 0.50/0.22, 1e-5 ->
-0.44/0.41; PPO 1e-4 -> 0.19/0.25, 3e-5 -> 0.44/0.38, 1e-5 -> 0.44/0.47. 1e-5 is the stable choice for both.
-ES's sigma and alpha are 3x the paper's (1e-3, 5e-4).
-
-CPU budget, measured on this machine (2 cores shared with one or two other jobs, one torch thread; 4x4,
-M=32 episodes per step, warm start v6; the full `esopt bench horizon --out results` grid):
-  seconds per training step   H*=5    H*=10   H*=15
-  ES (8 members x 4 tasks)     2.2     5.7     6.1
-  GRPO (4 tasks x 8)           3.5     7.0     6.8
-  PPO (32 tasks, 2 epochs)     7.5    14.4    15.1
-  (ES rolls out its members one after another, 4 episodes each; the baselines roll out all 32 episodes
-  in one batch, then back-propagate: GRPO's update is ~70% of its step, PPO's ~88%.) Whole runs took
-  33-144 s (process start, model load, evals of 32 tasks every 2 steps, checkpoints, final save, plots,
-  and the inference-only memory probe for the first seed). The default (`--preset cpu`: 3 methods x H*
-  5 10 15 x seeds 0 1 2 = 27 runs, 8 steps each) took ~41 minutes in all at that load, inside the 60-minute
-  budget. `--preset smoke` (2 steps, 8 episodes, H* 1 2, one seed, all in one process) runs in ~25 s.
-
-The v6 warm start (800 steps, ~77% per-move accuracy) succeeds on 0.375 / 0.062 / 0.031 of the held-out
-tasks at H* = 5 / 10 / 15 (T=0.7), so the success table is informative at H*=5 and near the floor beyond;
-every method trains on the shaped score by default (`--reward`), which still moves when success is rare.
+Hyper-parameters are `HPARAMS` (change any with `--set es.sigma=1e-2 grpo.lr=3e-5 ...`); how they were
+calibrated and tuned, and the CPU budget per step, are in results/horizon.md.
 
     esopt bench horizon                            # the CPU default into results/
     esopt bench horizon --seeds 0 1 2 3 --resume   # add a seed, keep the finished runs
@@ -159,21 +131,10 @@ def run_config(plan: Plan, method: str, h_star: int, seed: int):
     data[method] = section
     mine = [o for o in plan.overrides if o.split(".", 1)[0] not in METHODS or o.split(".", 1)[0] == method]
     config = build_config(data, mine)
-    if episodes_per_step(config) != m:
-        raise ValueError(f"--set {mine} gives {method} {episodes_per_step(config)} episodes per step, not the "
+    if config.episodes_per_step != m:
+        raise ValueError(f"--set {mine} gives {method} {config.episodes_per_step} episodes per step, not the "
                          f"matched {m}: change --episodes-per-step, --population or --group-size instead")
     return config
-
-
-def episodes_per_step(config) -> int:
-    """Training episodes one step of this config rolls out."""
-    if config.algo == "es":
-        return config.es.population_size * config.es.tasks_per_member
-    if config.algo == "grpo":
-        return config.grpo.tasks_per_step * config.grpo.group_size
-    if config.algo == "ppo":
-        return config.ppo.tasks_per_step
-    raise ValueError(f"unknown algo {config.algo!r}")
 
 
 # --- running ---------------------------------------------------------------------------------------
@@ -233,7 +194,7 @@ def run_all(plan: Plan, out: Path, resume: bool = False, threads: int = 1, progr
             run.mkdir(parents=True, exist_ok=True)
             dump_config(config, run / "config.yaml")
         print(f"[{k + 1}/{len(configs)}] {name}: {'continuing' if cont else 'training'} "
-              f"({episodes_per_step(config)} episodes/step, {config.steps} steps) "
+              f"({config.episodes_per_step} episodes/step, {config.steps} steps) "
               f"| {time.perf_counter() - t0:.0f}s elapsed", flush=True)
         t = time.perf_counter()
         rc = _train_in_child(run, cont, threads) if plan.isolate else _train_in_process(run, cont, progress)
@@ -288,7 +249,7 @@ def load_results(plan: Plan, out: Path) -> list[RunResult]:
                     m, h, s, json.loads((run / "summary.json").read_text()),
                     sorted((r["step"], r["success_rate"], r.get("shaped_reward", math.nan))
                            for r in rows if r["kind"] == "eval"),
-                    [r for r in rows if r["kind"] == "train"], episodes_per_step(load_config(run / "config.yaml")),
+                    [r for r in rows if r["kind"] == "train"], load_config(run / "config.yaml").episodes_per_step,
                     bench.get("wall_seconds")))
     return results
 

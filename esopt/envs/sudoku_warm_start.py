@@ -126,11 +126,6 @@ def move_scores(policy: HFPolicy, demos: list[Demo], batch_size: int = 256) -> d
     return {"exact": exact / len(demos), "correct": correct / len(demos)}
 
 
-def move_accuracy(policy: HFPolicy, demos: list[Demo], batch_size: int = 256) -> float:
-    """Greedy exact-match accuracy of the generated move against the oracle move."""
-    return move_scores(policy, demos, batch_size)["exact"]
-
-
 def lr_factor(kind: str, warmup_steps: int, total_steps: int | float) -> Callable[[int], float]:
     """Linear warm-up, then constant or cosine decay to 10% at `total_steps` (needs finite steps)."""
     if kind not in ("constant", "cosine"):

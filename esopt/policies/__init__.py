@@ -6,7 +6,7 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from esopt.policies.base import Generation, Policy, SamplingParams
+from esopt.policies.base import Completion, Policy, SamplingParams
 
 if TYPE_CHECKING:
     from esopt.policies.hf import HFPolicy
@@ -24,7 +24,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Generation",
+    "Completion",
     "HFPolicy",
     "Policy",
     "SamplingParams",

@@ -45,7 +45,7 @@ class SamplingParams:
 
 
 @dataclass
-class Generation:
+class Completion:
     """One completion. token_ids exclude padding and include EOS if the model produced it."""
 
     prompt_ids: list[int]
@@ -73,7 +73,7 @@ class Policy(Protocol):
         sampling: SamplingParams,
         seed: int | None = None,
         return_logprobs: bool = False,
-    ) -> list[Generation]:
+    ) -> list[Completion]:
         """Generate one completion per prompt in one batched call; same seed => same output."""
         ...
 
@@ -83,18 +83,18 @@ class Policy(Protocol):
         ...
 
 
-def cut_at_stop(generation: Generation, stop: tuple[str, ...], decode) -> Generation:
+def cut_at_stop(completion: Completion, stop: tuple[str, ...], decode) -> Completion:
     """The generation ended at the first stop string: text before it, token ids (and log-probs) up to
     the token that completed it. `decode(ids) -> str`. Model output is untrusted: any text is fine."""
-    hits = [i for i in (generation.text.find(s) for s in stop) if i >= 0]
+    hits = [i for i in (completion.text.find(s) for s in stop) if i >= 0]
     if not hits:
-        return generation
+        return completion
     cut = min(hits)
-    n = len(generation.token_ids)
+    n = len(completion.token_ids)
     for k in range(1, n + 1):  # the shortest token prefix whose text reaches past the stop string
-        text = decode(generation.token_ids[:k])
+        text = decode(completion.token_ids[:k])
         if any(text.find(s) >= 0 for s in stop):
             n = k
             break
-    logprobs = generation.logprobs[:n] if generation.logprobs is not None else None
-    return Generation(generation.prompt_ids, generation.token_ids[:n], generation.text[:cut], logprobs)
+    logprobs = completion.logprobs[:n] if completion.logprobs is not None else None
+    return Completion(completion.prompt_ids, completion.token_ids[:n], completion.text[:cut], logprobs)

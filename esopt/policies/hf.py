@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from esopt.policies.base import Generation, SamplingParams, cut_at_stop
+from esopt.policies.base import Completion, SamplingParams, cut_at_stop
 from esopt.policies.prefix import generate_with_shared_prefix, shared_prefix_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -140,7 +140,7 @@ class HFPolicy:
         sampling: SamplingParams,
         seed: int | None = None,
         return_logprobs: bool = False,
-    ) -> list[Generation]:
+    ) -> list[Completion]:
         out = self._generate(prompts, sampling, seed, return_logprobs)
         if not sampling.stop:
             return out
@@ -152,7 +152,7 @@ class HFPolicy:
 
     @torch.inference_mode()
     def _generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None,
-                  return_logprobs: bool) -> list[Generation]:
+                  return_logprobs: bool) -> list[Completion]:
         if not prompts:
             return []
         if self.prefix_cache and len(prompts) > 1 and not return_logprobs:
@@ -162,7 +162,7 @@ class HFPolicy:
                 tokens, _ = generate_with_shared_prefix(
                     self.model, ids, prefix_len, sampling, self.eos_token_ids, self.tokenizer.pad_token_id, seed)
                 texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-                return [Generation(prompt_ids=list(p), token_ids=t, text=x) for p, t, x in zip(ids, tokens, texts)]
+                return [Completion(prompt_ids=list(p), token_ids=t, text=x) for p, t, x in zip(ids, tokens, texts)]
         dev = self.device
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         input_ids = enc["input_ids"].to(dev)
@@ -182,7 +182,7 @@ class HFPolicy:
         mask = enc["attention_mask"].bool()
         ids = enc["input_ids"]
         return [
-            Generation(
+            Completion(
                 prompt_ids=ids[i][mask[i]].tolist(),
                 token_ids=token_lists[i],
                 text=texts[i],

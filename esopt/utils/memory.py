@@ -24,12 +24,6 @@ def peak_memory_bytes(device: str | torch.device = "cpu") -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-def reset_peak(device: str | torch.device = "cpu") -> None:
-    """CUDA peaks can be reset; a process's peak RSS cannot (measure CPU phases in separate processes)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":

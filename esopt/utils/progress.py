@@ -76,8 +76,9 @@ def say(msg: str, progress: bool = True) -> None:
 
 
 def quiet_libraries() -> None:
-    """No progress bars from transformers / huggingface_hub (weight loading, shard writing)."""
+    """No progress bars from libraries (weight loading, shard writing, GGUF conversion)."""
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TQDM_DISABLE"] = "1"  # libraries that call tqdm directly (GGUF conversion); ours use PlainProgress
     os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
     try:
         from transformers.utils import logging as hf_logging
