@@ -24,6 +24,11 @@ EXAMPLES = """examples:
 def _train(args: argparse.Namespace) -> int:
     from esopt.train.config import load_config
 
+    if args.workers is not None:
+        if args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        args.overrides = [*args.overrides, "distributed.backend=ray", f"distributed.workers={args.workers}"]
+
     if args.resume:
         run = Path(args.resume)
         if not (run / "config.yaml").exists():
@@ -147,7 +152,8 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import importlib
 
-    names = {"overhead": "esopt.bench.es_overhead", "rollout": "esopt.bench.rollout_throughput", "horizon": "esopt.bench.horizon"}
+    names = {"overhead": "esopt.bench.es_overhead", "rollout": "esopt.bench.rollout_throughput", "horizon": "esopt.bench.horizon",
+             "population": "esopt.bench.population"}
     if args.which not in names:
         raise ValueError(f"unknown benchmark {args.which!r}; choose one of {sorted(names)}")
     return importlib.import_module(names[args.which]).main(args.rest) or 0
@@ -176,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory (default runs/ALGO-TIMESTAMP)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete generation")
     t.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    t.add_argument("--workers", type=int, help="ES: evaluate the population on N Ray workers (distributed.backend=ray)")
     t.set_defaults(func=_train)
 
     e = sub.add_parser("eval", help="roll out a model on an env and print success, reward, turns, tokens/s")
@@ -222,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("rest", nargs=argparse.REMAINDER)
     pt.set_defaults(func=_pretrain)
 
-    b = sub.add_parser("bench", help="benchmarks: overhead | rollout | horizon (pass -h after the name)")
+    b = sub.add_parser("bench", help="benchmarks: overhead | rollout | horizon | population (pass -h after the name)")
     b.add_argument("which")
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)

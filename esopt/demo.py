@@ -19,8 +19,8 @@ QUICK = {
     "tiny": ["steps=2", "model.warm_start_steps=60", "es.population_size=4", "es.tasks_per_member=4",
              "eval.tasks=8", "eval.repeats=1", "eval.every=0"],
 }
-# wall-clock of the full demo on a 2-core machine, set-up excluded (tiny: README)
-EXPECTED_MINUTES = {"smollm2": 30, "tiny": 10}  # smollm2: one-core run length; the 2-core demo is not measured
+# wall-clock of the demo on a 2-core machine, set-up excluded (measured from a fresh clone: README)
+EXPECTED_MINUTES = {"smollm2": 20, "tiny": 10}
 
 
 def _warm_start(config) -> None:

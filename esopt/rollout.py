@@ -237,6 +237,7 @@ def run_episodes(
     progress: bool = False,
     examples: Examples = (),
     max_prompt_tokens: int | None = None,
+    on_batch: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Run one episode per task seed in lockstep; trajectories come back in task_seeds order.
 
@@ -244,6 +245,8 @@ def run_episodes(
     the env itself would not end; normally the env's own turn cap ends them. `examples`: worked
     (observation, action) exchanges placed as chat turns between the system prompt and the episode.
     max_prompt_tokens (history mode): the context budget; the oldest exchanges are dropped to fit it.
+    on_batch(indices) is called before each generate call with the task_seeds indices of its rows, in
+    row order (batched populations map rows to members with it).
     """
     if conversation not in ("markov", "history"):
         raise ValueError(f"conversation must be 'markov' or 'history', got {conversation!r}")
@@ -266,6 +269,7 @@ def run_episodes(
             from esopt.utils.progress import progress_bar
 
             bar = progress_bar(None, "rollout", leave=False, unit="turn")
+        episode_index = {id(e): i for i, e in enumerate(episodes)}
         turn = 0
         while active := [e for e in episodes if not e.done]:
             prompts = [e.prompt(policy, max_prompt_tokens) for e in active]
@@ -273,6 +277,8 @@ def run_episodes(
             gens = []
             t0 = time.perf_counter()
             for c, lo in enumerate(range(0, len(active), chunk)):
+                if on_batch is not None:
+                    on_batch([episode_index[id(e)] for e in active[lo : lo + chunk]])
                 gens += policy.generate(
                     prompts[lo : lo + chunk],
                     sampling,

@@ -19,7 +19,7 @@ print(f"rc={rc} torch_loaded={'torch' in sys.modules}")
     ("env.kwargs.sizee=4", "env esopt/Sudoku-v0: unknown argument 'sizee'"),
     ("env.id=esopt/Nope-v0", "unknown env id 'esopt/Nope-v0'"),
     ("model.device=gpu", "model.device: must be cpu, auto, cuda, cuda:N, mps or xpu"),
-    ("es.noise=lowrank", "unknown noise kind 'lowrank'"),
+    ("es.noise=sparse", "unknown noise kind 'sparse'"),
     ("es.sigma=-1", "es.sigma: Input should be greater than 0"),
 ])
 def test_bad_train_input_is_one_line_exit_2_and_leaves_no_run_dir(tmp_path, override, message):

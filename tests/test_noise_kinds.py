@@ -56,5 +56,5 @@ def test_an_unknown_noise_kind_is_a_config_error():
 
     from esopt.train.config import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown noise kind 'lowrank'"):
-        build_config({}, ["es.noise=lowrank"])
+    with pytest.raises(ConfigError, match="unknown noise kind 'sparse'"):
+        build_config({}, ["es.noise=sparse"])

@@ -180,7 +180,7 @@ def test_from_pretrained_errors(tmp_path):
         HFPolicy.from_pretrained(tmp_path / "nope")
     with pytest.raises(ValueError, match="unknown dtype"):
         HFPolicy.from_pretrained(tmp_path, dtype="float8")
-    with pytest.raises(FileNotFoundError, match="unknown policy"):
+    with pytest.raises(FileNotFoundError, match="unknown model .no-such-model."):
         load_policy("no-such-model")
 
 

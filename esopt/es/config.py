@@ -18,7 +18,7 @@ def noise_kinds() -> list[str]:
     calling `register_perturbation`; until that module is loaded only the built-in kind exists, so
     checking a config never has to load torch."""
     registry = sys.modules.get("esopt.es.perturbation")
-    return sorted(registry.PERTURBATIONS) if registry else ["normal"]
+    return sorted(registry.PERTURBATIONS) if registry else ["lowrank", "normal"]
 
 
 class ESConfig(BaseModel):
@@ -40,7 +40,11 @@ class ESConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="decoupled: theta *= 1 - alpha * weight_decay")
     scope: Literal["full", "linear", "regex"] = Field("full", description="linear: linear-layer weights; regex: scope_pattern")
     scope_pattern: str | None = None
-    noise: str = Field("normal", description="noise kind: a registered Perturbation ('normal': dense Gaussian)")
+    noise: str = Field("normal", description="noise kind: 'normal' (dense Gaussian), 'lowrank' (A B^T per matrix, "
+                       "EGGROLL) or any registered Perturbation")
+    noise_rank: int = Field(1, ge=1, description="lowrank: rank r of each member's A B^T")
+    noise_others: Literal["frozen", "full"] = Field(
+        "frozen", description="lowrank: non-matrix parameters (norms, biases) frozen or dense Gaussian")
     restore: Literal["exact", "subtract"] = Field("exact", description="exact: fp32 master copy; subtract: no copy, drifts")
     master_device: str = "cpu"
     chunk_numel: int = Field(DEFAULT_CHUNK_NUMEL, ge=1, description="noise chunk size, part of the noise spec")
@@ -65,7 +69,8 @@ class ESConfig(BaseModel):
     def noise_spec(self) -> dict:
         from esopt.es.perturbation import perturbation_class
 
-        return perturbation_class(self.noise).make_spec(self.chunk_numel)
+        return perturbation_class(self.noise).make_spec(self.chunk_numel, rank=self.noise_rank,
+                                                         others=self.noise_others)
 
     def sigma_at(self, generation: int) -> float:
         return Schedule(self.sigma_schedule, self.sigma, self.sigma_min, self._length())(generation)

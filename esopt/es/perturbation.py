@@ -50,7 +50,8 @@ class Perturbation:
             self.masters = [p.detach().to(master_device, torch.float32, copy=True).view(-1) for _, p in self.params]
 
     @classmethod
-    def make_spec(cls, chunk_numel: int = DEFAULT_CHUNK_NUMEL) -> dict:
+    def make_spec(cls, chunk_numel: int = DEFAULT_CHUNK_NUMEL, **options) -> dict:
+        """The ledger's description of this kind; `options` are kind-specific (lowrank: rank, others)."""
         return {"version": cls.version, "dist": cls.dist, "dtype": "float32", "chunk_numel": chunk_numel}
 
     @property
@@ -211,3 +212,102 @@ def apply_record(perturbation: Perturbation, record: dict) -> float:
         return 0.0
     step = record["alpha"] / record["population_size"]
     return perturbation.update(update_coefficients(record), step, decay=record["alpha"] * record["weight_decay"])
+
+
+class LowRankNoise(Perturbation):
+    """EGGROLL-style low-rank noise: member i perturbs a matrix W (out x in) by sigma * A_i B_i^T / sqrt(r),
+    with A_i (out x r) and B_i (in x r) standard normal from the member's seed. Far fewer random numbers
+    than dense noise ((out + in) r instead of out * in); the update sum_i w_i A_i B_i^T is full rank.
+
+    Matrices get low-rank noise; other parameters (norms, biases) are frozen (`others: frozen`, default) or
+    get dense Gaussian noise (`others: full`). Outer products are accumulated one rank-1 term at a time
+    (`addr_`), element by element, so the result does not depend on the BLAS thread count: replay is
+    bit-exact on any machine of the same device type.
+    """
+
+    dist = "lowrank"
+    version = 1
+
+    def __init__(self, params: Params, spec: dict, restore: str = "exact", master_device: str = "cpu"):
+        self.rank = int(spec.get("rank", 1))
+        self.others = spec.get("others", "frozen")
+        if self.rank < 1 or self.others not in ("frozen", "full"):
+            raise ValueError(f"lowrank noise needs rank >= 1 and others 'frozen' or 'full', got {spec}")
+        params = [(n, p) for n, p in params if p.dim() == 2 or self.others == "full"]
+        if not params:
+            raise ValueError("lowrank noise found no matrices to perturb in the scope")
+        super().__init__(params, spec, restore, master_device)
+        self.noise = NoiseSource(int(spec["chunk_numel"]))
+
+    @classmethod
+    def make_spec(cls, chunk_numel: int = DEFAULT_CHUNK_NUMEL, rank: int = 1, others: str = "frozen", **_) -> dict:
+        return {**super().make_spec(chunk_numel), "rank": rank, "others": others}
+
+    def factors(self, seed: int, name: str, shape: torch.Size, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, B): (out x r) and (in x r), fp32, from the member seed and the tensor name."""
+        out_dim, in_dim = shape
+        a = self.noise.full(seed, name + "#A", (out_dim, self.rank), device=device)
+        b = self.noise.full(seed, name + "#B", (in_dim, self.rank), device=device)
+        return a, b
+
+    def delta(self, coefs: dict[int, float], name: str, p: torch.Tensor) -> torch.Tensor:
+        """sum_seed coef * eps_seed for one parameter, fp32, in a fixed order of rank-1 terms."""
+        acc = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        if p.dim() == 2:
+            inv = self.rank ** -0.5
+            for seed, c in coefs.items():
+                a, b = self.factors(seed, name, p.shape, p.device)
+                for k in range(self.rank):
+                    acc.addr_(a[:, k], b[:, k], alpha=c * inv)
+        else:
+            flat = acc.view(-1)
+            for seed, c in coefs.items():
+                for s, e, eps in self.noise.chunks(seed, name, flat.numel(), p.device):  # as GaussianNoise
+                    flat[s:e].add_(eps, alpha=c)
+        return acc
+
+    @torch.no_grad()
+    def perturb(self, seed: int, scale: float, upto: int | None = None) -> Iterator[int]:
+        for k, (name, p) in enumerate(self.params[:upto]):
+            d = self.delta({seed: scale}, name, p)
+            if self.masters is not None:
+                p.data.copy_(self.masters[k].to(p.device).view(p.shape) + d)
+            else:
+                p.data.copy_(p.data.float() + d)
+            yield k
+
+    @torch.no_grad()
+    def restore(self, seed: int, scale: float, upto: int | None = None) -> None:
+        if self.masters is None:
+            for _ in self.perturb(seed, -scale, upto):
+                pass
+            return
+        for (_, p), m in zip(self.params[:upto], self.masters):
+            p.data.view(-1).copy_(m)
+
+    @torch.no_grad()
+    def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
+        return [self.delta(coefs, name, p) for name, p in self.params]
+
+    @torch.no_grad()
+    def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
+        sq, count = 0.0, 0
+        for k, (name, p) in enumerate(self.params):
+            d = self.delta({s: c * step for s, c in coefs.items()}, name, p)
+            sq += float(torch.dot(d.view(-1), d.view(-1)))
+            count += d.numel()
+            target = self.masters[k].view(p.shape) if self.masters is not None else None
+            if target is None:
+                new = p.data.float()
+                if decay:
+                    new.mul_(1.0 - decay)
+                p.data.copy_(new.add_(d))
+                continue
+            if decay:
+                target.mul_(1.0 - decay)
+            target.add_(d.to(target.device))
+            p.data.copy_(target.to(p.device))
+        return math.sqrt(sq / max(count, 1))
+
+
+register_perturbation(LowRankNoise)

@@ -104,13 +104,13 @@ def few_shot_examples(config: BaseTrainConfig, make: Callable) -> list[tuple[str
 
 
 def rollout(policy: HFPolicy, config: BaseTrainConfig, make: Callable, task_seeds: list[int], seed: int,
-            sampling: SamplingParams | None = None):
+            sampling: SamplingParams | None = None, on_batch: Callable | None = None):
     """run_episodes with the run's sampling (unless given), conversation mode, system prompt, worked
     examples and batch cap."""
     return run_episodes(policy, make, task_seeds, sampling or config.sampling.params(), seed=seed,
                         conversation=config.env.conversation, system_prompt=config.env.system_prompt,
                         max_batch_size=config.max_batch_size, examples=few_shot_examples(config, make),
-                        max_prompt_tokens=config.env.max_prompt_tokens)
+                        max_prompt_tokens=config.env.max_prompt_tokens, on_batch=on_batch)
 
 
 def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_offset: int = 0) -> dict:

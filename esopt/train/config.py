@@ -116,16 +116,41 @@ class ESSection(ESConfig):
         "mean", description="member fitness: mean episode score, or each task z-scored across members first "
         "(EGGROLL's per-task baseline); the shaping is applied after it")
 
+    batched: bool = Field(False, description="lowrank noise: roll out all members' episodes in one batch, each row "
+                          "adding its member's low-rank term (G x E episodes per generate call)")
+
     @model_validator(mode="after")
     def _check_pool(self) -> ESSection:
         if self.task_pool is not None and self.task_pool < self.tasks_per_member:
             raise ValueError(f"task_pool ({self.task_pool}) must be >= tasks_per_member ({self.tasks_per_member})")
+        if self.batched and (self.noise != "lowrank" or self.noise_others != "frozen"):
+            raise ValueError("es.batched needs es.noise: lowrank with es.noise_others: frozen")
         return self
+
+
+class DistributedSection(Section):
+    """Where the population is evaluated: in this process, or on Ray actors (one model replica each)."""
+
+    backend: Literal["local", "ray"] = "local"
+    workers: int = Field(2, ge=1, description="ray: model replicas (actors)")
+    address: str | None = Field(None, description="ray: null starts a local cluster (files in the run dir); "
+                                "'auto' or 'ray://host:port' joins one")
+    timeout_s: float = Field(900.0, gt=0, description="ray: a member call running longer is re-run elsewhere")
+    gpus_per_worker: float = Field(0.0, ge=0, description="ray: GPUs each replica asks for (0 on CPU machines)")
+    threads_per_worker: int = Field(1, ge=1, description="ray: torch threads per replica")
 
 
 class ESTrainConfig(BaseTrainConfig):
     algo: Literal["es"] = "es"
     es: ESSection = Field(default_factory=ESSection)
+    distributed: DistributedSection = Field(default_factory=DistributedSection)
+
+    @model_validator(mode="after")
+    def _check_distributed(self) -> ESTrainConfig:
+        if self.distributed.backend == "ray" and self.es.batched:
+            raise ValueError("es.batched runs the population in one process; it cannot be combined with "
+                             "distributed.backend: ray")
+        return self
 
     @property
     def episodes_per_step(self) -> int:
@@ -133,6 +158,8 @@ class ESTrainConfig(BaseTrainConfig):
 
     @property
     def rollout_batch_size(self) -> int:
+        if self.es.batched:
+            return self.episodes_per_step  # every member's episodes in one batch
         return self.es.tasks_per_member  # members run one after another
 
     @property

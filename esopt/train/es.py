@@ -32,6 +32,7 @@ from esopt.train.common import (
     load_model,
     progress_bar,
     rollout,
+    say,
     summarize,
     task_pool_seeds,
     train_task_seeds,
@@ -122,6 +123,44 @@ class LocalEvaluator:
         """Nothing to do: this evaluator shares the model `ES.tell` just updated."""
 
 
+class BatchedEvaluator:
+    """All members' episodes in one batched rollout (low-rank noise): the base weights stay untouched and
+    every batch row adds its own member's low-rank term (`esopt.es.batched`). Member i runs rows
+    [i*E, (i+1)*E). Greedy decoding gives each member exactly the episodes the sequential evaluator would;
+    sampled decoding draws from other random streams (the batch is larger)."""
+
+    def __init__(self, es: ES, policy: HFPolicy, make_env: Callable, config: ESTrainConfig, timers: Timers):
+        from esopt.es.batched import BatchedLowRank
+
+        self.host = BatchedLowRank(policy.model, es.perturbation)
+        self.policy, self.make_env, self.config, self.timers = policy, make_env, config, timers
+
+    def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int
+                 ) -> list[MemberResult]:
+        c, e = self.config, len(task_seeds)
+        t0 = time.perf_counter()
+        prefix_cache, self.policy.prefix_cache = self.policy.prefix_cache, False  # rows differ from token 0 on
+        try:
+            with self.host.members(members, sigma):
+                t1 = time.perf_counter()
+                trajectories, _ = rollout(self.policy, c, self.make_env, task_seeds * len(members), seed=rollout_seed,
+                                          on_batch=lambda rows: self.host.set_rows([i // e for i in rows]))
+                t2 = time.perf_counter()
+        finally:
+            self.policy.prefix_cache = prefix_cache
+        self.timers.perturb += t1 - t0
+        self.timers.rollout += t2 - t1
+        results = []
+        for i, m in enumerate(members):
+            own = trajectories[i * e:(i + 1) * e]
+            stats = RolloutStats(episodes=e, generated_tokens=sum(t.generated_tokens for t in own))
+            results.append(MemberResult(m.index, member_score(own, c.es.reward), own, stats))
+        return results
+
+    def sync(self, record: dict) -> None:
+        """Nothing to do: the shared model was updated by `ES.tell`."""
+
+
 class ESAlgorithm:
     """One ES generation per step, for `loop.train`."""
 
@@ -132,7 +171,16 @@ class ESAlgorithm:
         self.policy, self.config, self.timers = policy, config, timers
         self.es = ES(policy.model, config.strategy, ledger=rd.history_path, generation=start,
                      on_weights_changed=policy.weights_changed)
-        self.evaluator: PopulationEvaluator = LocalEvaluator(self.es, policy, make_env, config, timers, progress)
+        self.evaluator: PopulationEvaluator
+        if config.distributed.backend == "ray":
+            from esopt.train.distributed import RayEvaluator
+
+            records = read_history(rd.history_path)[:start] if rd.history_path.exists() else []
+            self.evaluator = RayEvaluator(config, policy.model, records, rd.root, log=lambda m: say(m, progress))
+        elif config.es.batched:
+            self.evaluator = BatchedEvaluator(self.es, policy, make_env, config, timers)
+        else:
+            self.evaluator = LocalEvaluator(self.es, policy, make_env, config, timers, progress)
 
     @property
     def steps_done(self) -> int:
@@ -173,6 +221,11 @@ class ESAlgorithm:
 
     def checkpoint_files(self) -> dict:
         return {}
+
+    def close(self) -> None:
+        close = getattr(self.evaluator, "close", None)
+        if close is not None:
+            close()
 
     def time_note(self, timers: Timers) -> str:
         return f"ES overhead share {timers.es_overhead_share:.1%}"

@@ -134,6 +134,9 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
     finally:
         if bar:
             bar.close()
+        close = getattr(algorithm, "close", None)  # worker processes, clusters
+        if close is not None:
+            close()
     return finish(rd, algorithm, config, timers, evals, start, done, time.perf_counter() - t_start, interrupted,
                   progress)
 

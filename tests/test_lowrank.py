@@ -1,0 +1,109 @@
+"""Low-rank (EGGROLL) noise: what a member's perturbation is, that training with it replays bit-exactly,
+and that parameters outside its reach stay put."""
+
+import torch
+from safetensors.torch import load_file
+
+from esopt.es import ES, ESConfig, read_history, replay
+from esopt.es.noise import NoiseSource
+from esopt.train.common import load_model
+from esopt.train.config import load_config
+from esopt.train.es import train
+
+
+def net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3, bias=False))
+
+
+def test_member_perturbation_is_sigma_a_b_transposed_over_root_r():
+    model = net()
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    es = ES(model, ESConfig(population_size=2, sigma=0.1, sigma_schedule="constant", noise="lowrank", noise_rank=2))
+    member = es.ask()[0]
+    names = [n for n, _ in es.perturbation.params]
+    assert names == ["0.weight", "2.weight"]  # matrices only: biases and the norm are frozen
+    with es.perturbed(member):
+        got = {n: p.detach().clone() for n, p in model.named_parameters()}
+    src = NoiseSource()
+    for name in names:
+        out_dim, in_dim = base[name].shape
+        a = src.full(member.seed, name + "#A", (out_dim, 2))
+        b = src.full(member.seed, name + "#B", (in_dim, 2))
+        expected = base[name] + 0.1 * member.sign * (a @ b.T) / 2**0.5
+        torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-6)
+    for name in ("0.bias", "1.weight", "1.bias"):
+        assert torch.equal(got[name], base[name])
+    es.tell([1.0, -1.0])
+    after = dict(model.named_parameters())
+    assert not torch.equal(after["0.weight"].detach(), base["0.weight"])
+    assert torch.equal(after["1.weight"].detach(), base["1.weight"])
+    # the update of two rank-2 members is rank <= 4, here rank 3 (5x3 matrix): more than one member's rank
+    change = after["2.weight"].detach() - base["2.weight"]
+    assert torch.linalg.matrix_rank(change) == 3
+
+
+def test_others_full_perturbs_vectors_with_dense_noise():
+    model = net()
+    es = ES(model, ESConfig(population_size=2, sigma=0.1, noise="lowrank", noise_others="full"))
+    assert "1.weight" in [n for n, _ in es.perturbation.params]
+
+
+def test_lowrank_training_replays_bit_exactly(tmp_path):
+    out = tmp_path / "run"
+    train(load_config("smoke", ["steps=2", "eval.tasks=2", "eval.every=0", "es.noise=lowrank", "es.noise_rank=2",
+                                "es.sigma=5e-2", "es.sigma_min=2e-2", "measure_inference_peak=false"]),
+          out, progress=False)
+    records = read_history(out / "history.jsonl")
+    assert all(r["noise"]["dist"] == "lowrank" and r["noise"]["rank"] == 2 for r in records)
+    assert any(any(r["weights"]) for r in records)  # at least one real update to replay
+    config = load_config(out / "config.yaml")
+    policy = load_model(config.model, config.env.kwargs)
+    replay(policy.model, records)
+    trained = load_file(str(out / "final" / "model.safetensors"))
+    for name, p in policy.model.named_parameters():
+        assert torch.equal(p.detach(), trained[name]), name
+
+
+def test_batched_forward_equals_explicitly_perturbed_weights():
+    """Rows of one batch, each its own member, match the model with that member's weights written in."""
+    from esopt.es.batched import BatchedLowRank
+    from esopt.policies import build_tiny_model
+
+    model, _ = build_tiny_model(seed=3)  # tied embedding / LM head: both paths of the hook
+    es = ES(model, ESConfig(population_size=4, antithetic=True, sigma=0.05, sigma_schedule="constant",
+                            noise="lowrank", noise_rank=2))
+    members = es.ask()
+    ids = torch.randint(4, 90, (6, 7), generator=torch.Generator().manual_seed(0))
+    rows = [0, 1, 2, 3, 1, 2]
+    host = BatchedLowRank(model, es.perturbation)
+    with torch.no_grad(), host.members(members, 0.05):
+        host.set_rows(rows)
+        batched = model(ids).logits
+    with torch.no_grad():
+        plain = model(ids).logits
+    for r, m in enumerate(rows):
+        with torch.no_grad(), es.perturbed(members[m]):
+            expected = model(ids[r : r + 1]).logits[0]
+        torch.testing.assert_close(batched[r], expected, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(batched[r], plain[r], atol=1e-4)  # the member's term is really there
+    torch.testing.assert_close(model(ids).logits, plain)  # hooks gone: the base model again
+
+
+def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path):
+    """Greedy: every member's batched episodes are token for token the in-place members' episodes."""
+    from esopt.train.common import Timers, env_factory
+    from esopt.train.es import BatchedEvaluator, LocalEvaluator
+
+    config = load_config("smoke", ["es.noise=lowrank", "es.sigma=0.2", "es.sigma_schedule=constant",
+                                   "sampling.temperature=0", "es.batched=true"])
+    policy = load_model(config.model, config.env.kwargs)
+    make = env_factory(config)
+    es = ES(policy.model, config.strategy)
+    members, tasks = es.ask(0), [101, 102, 103]
+    seq = LocalEvaluator(es, policy, make, config, Timers(), progress=False).evaluate(members, 0.2, tasks, 5)
+    bat = BatchedEvaluator(es, policy, make, config, Timers()).evaluate(members, 0.2, tasks, 5)
+    texts = [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in seq]
+    assert texts == [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in bat]
+    assert len({str(t) for t in texts}) > 1  # the members really behave differently
+    assert [r.reward for r in seq] == [r.reward for r in bat]
