@@ -153,7 +153,7 @@ def _bench(args: argparse.Namespace) -> int:
     import importlib
 
     names = {"overhead": "esopt.bench.es_overhead", "rollout": "esopt.bench.rollout_throughput", "horizon": "esopt.bench.horizon",
-             "population": "esopt.bench.population"}
+             "population": "esopt.bench.population", "gpu": "esopt.bench.gpu"}
     if args.which not in names:
         raise ValueError(f"unknown benchmark {args.which!r}; choose one of {sorted(names)}")
     return importlib.import_module(names[args.which]).main(args.rest) or 0
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("rest", nargs=argparse.REMAINDER)
     pt.set_defaults(func=_pretrain)
 
-    b = sub.add_parser("bench", help="benchmarks: overhead | rollout | horizon | population (pass -h after the name)")
+    b = sub.add_parser("bench", help="benchmarks: overhead | rollout | horizon | population | gpu (pass -h after the name)")
     b.add_argument("which")
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)

@@ -150,3 +150,21 @@ def test_step_probe_smoke_compares_the_es_step_with_a_same_length_random_control
     assert "| permuted | all |" in (tmp_path / "step_probe.md").read_text()
     with pytest.raises(ValueError, match="regex"):
         step_probe.main(["--smoke", "--quiet", "--groups", "(", "--out", str(tmp_path)])
+
+
+def test_gpu_benchmark_runs_on_cpu_at_a_tiny_shape(capsys):
+    from esopt.bench import gpu
+
+    assert gpu.main(["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--members", "2", "--batch", "2",
+                     "--prompt-tokens", "4", "--new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    for mode in ("inference", "full-rank", "low-rank in place", "low-rank batched"):
+        assert f"| {mode} |" in out
+
+
+def test_population_benchmark_compares_backends_side_by_side(capsys):
+    from esopt.bench import population
+
+    assert population.main(["--model", "tiny", "--members", "4", "--tasks", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| low-rank batched |" in out and "| full-rank sequential |" in out and "1.00x" in out

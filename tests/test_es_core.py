@@ -342,3 +342,15 @@ def test_explicit_sigma_overrides_the_schedule():
     with es.perturbed(member):
         small = (p.detach() - base).clone()
     torch.testing.assert_close(big, 2 * small, rtol=1e-4, atol=1e-6)
+
+
+def test_ledger_records_where_noise_was_drawn_and_replay_refuses_to_mix(tmp_path):
+    model = small_net()
+    es = ES(model, ESConfig(population_size=2, sigma=0.1, alpha=0.1), ledger=tmp_path / "h.jsonl")
+    es.ask()
+    es.tell([1.0, 0.0])
+    (record,) = read_history(tmp_path / "h.jsonl")
+    assert record["noise"]["device"] == "cpu"
+    gpu_record = {**record, "noise": {**record["noise"], "device": "cuda"}}
+    with pytest.raises(ValueError, match="drawn on cuda but the weights are on cpu"):
+        replay(small_net(), [gpu_record])

@@ -43,7 +43,14 @@ class Perturbation:
             raise ValueError(f"restore must be 'exact' or 'subtract', got {restore!r}")
         check_spec(spec, type(self))
         self.params = list(params)
-        self.spec = dict(spec)
+        # CUDA and CPU generators give different numbers for one seed: the spec records where noise is
+        # drawn (`ES` sets it; ledgers from before the field were all drawn on the CPU)
+        where = self.params[0][1].device.type if self.params else "cpu"
+        drawn = spec.get("device", "cpu")
+        if drawn != where:
+            raise ValueError(f"this noise was drawn on {drawn} but the weights are on {where}: the two give "
+                             f"different numbers for the same seed; replay on {drawn}")
+        self.spec = {**spec, "device": where}
         self.restore_mode = restore
         self.masters: list[torch.Tensor] | None = None
         if restore == "exact":

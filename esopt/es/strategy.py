@@ -74,7 +74,8 @@ class ES:
         self.shaper = get_shaper(self.config.shaping)
         self.on_weights_changed = on_weights_changed or (lambda: None)
         params = select_parameters(model, self.config.param_scope)
-        self.perturbation: Perturbation = build_perturbation(params, self.config.noise_spec(), self.config.restore,
+        spec = {**self.config.noise_spec(), "device": params[0][1].device.type}  # noise is drawn beside the weights
+        self.perturbation: Perturbation = build_perturbation(params, spec, self.config.restore,
                                                              self.config.master_device)
         self._members: list[Member] | None = None
         self._active: Member | None = None
