@@ -107,7 +107,6 @@ def measure(shape: str, members: int, batch: int, prompt_tokens: int, new_tokens
             rows.append({"mode": "low-rank batched", "seconds": time.perf_counter() - t0, "perturb": None,
                          "restore": None, "update": (time.perf_counter() - t) / members})
         del es
-    del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"shape": shape, "params": params, "rows": rows}
