@@ -69,9 +69,16 @@ class Perturbation:
         """theta_k += scale * eps_k for the first `upto` tensors; yields k after each one is done."""
         raise NotImplementedError
 
+    @torch.no_grad()
     def restore(self, seed: int, scale: float, upto: int | None = None) -> None:
-        """Undo perturb(seed, scale) on the first `upto` tensors (all by default)."""
-        raise NotImplementedError
+        """Undo perturb(seed, scale) on the first `upto` tensors (all by default): copy the fp32 master back
+        (exact), or perturb by -scale (subtract mode)."""
+        if self.masters is None:
+            for _ in self.perturb(seed, -scale, upto):
+                pass
+            return
+        for (_, p), m in zip(self.params[:upto], self.masters):
+            p.data.view(-1).copy_(m)
 
     def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
         """theta = theta * (1 - decay) + step * sum_seed coef_seed * eps_seed; returns the change's RMS."""
@@ -123,15 +130,6 @@ class GaussianNoise(Perturbation):
             flat[s:e].add_(eps, alpha=scale)
         else:
             flat[s:e].copy_(flat[s:e].float().add_(eps, alpha=scale))
-
-    @torch.no_grad()
-    def restore(self, seed: int, scale: float, upto: int | None = None) -> None:
-        if self.masters is None:
-            for _ in self.perturb(seed, -scale, upto):
-                pass
-            return
-        for (_, p), m in zip(self.params[:upto], self.masters):
-            p.data.view(-1).copy_(m)
 
     @torch.no_grad()
     def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
@@ -282,15 +280,6 @@ class LowRankNoise(Perturbation):
             else:
                 p.data.copy_(p.data.float() + d)
             yield k
-
-    @torch.no_grad()
-    def restore(self, seed: int, scale: float, upto: int | None = None) -> None:
-        if self.masters is None:
-            for _ in self.perturb(seed, -scale, upto):
-                pass
-            return
-        for (_, p), m in zip(self.params[:upto], self.masters):
-            p.data.view(-1).copy_(m)
 
     @torch.no_grad()
     def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
