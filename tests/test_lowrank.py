@@ -107,3 +107,31 @@ def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path):
     assert texts == [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in bat]
     assert len({str(t) for t in texts}) > 1  # the members really behave differently
     assert [r.reward for r in seq] == [r.reward for r in bat]
+
+
+def test_grouped_shared_prefix_decoding_matches_each_member_alone():
+    """Batched members with a shared prompt prefix: the prefix is encoded once per member (not once for all),
+    and every row decodes what its member decodes alone with its weights written in."""
+    from esopt.es.batched import BatchedLowRank
+    from esopt.policies import HFPolicy, SamplingParams, build_tiny_model
+
+    model, tok = build_tiny_model(seed=4)
+    policy = HFPolicy(model, tok, min_prefix_tokens=8)
+    es = ES(model, ESConfig(population_size=2, antithetic=True, sigma=0.3, sigma_schedule="constant",
+                            noise="lowrank"))
+    members = es.ask()
+    prompts = ["Sudoku board follows here 1 2 3 4\n>", "Sudoku board follows here 4 3 2 1\n>"]
+    greedy = SamplingParams(temperature=0, max_new_tokens=6)
+    rows = [0, 0, 1, 1]
+    host = BatchedLowRank(model, es.perturbation)
+    policy.row_groups, policy.on_rows = rows, host.set_rows
+    with host.members(members, 0.3):
+        host.set_rows(rows)
+        batched = policy.generate(prompts * 2, greedy)
+    policy.row_groups = policy.on_rows = None
+    alone = []
+    for m in members:
+        with es.perturbed(m):
+            alone += policy.generate(prompts, greedy)
+    assert [c.token_ids for c in batched] == [c.token_ids for c in alone]
+    assert batched[0].token_ids != batched[2].token_ids or batched[1].token_ids != batched[3].token_ids

@@ -56,6 +56,10 @@ class HFPolicy:
         # share the KV cache of a common prompt prefix of at least this many tokens (log-prob calls excepted)
         self.prefix_cache = prefix_cache
         self.min_prefix_tokens = min_prefix_tokens
+        # batched ES members: the weight group of every row of the next generate call, and who to tell
+        # which group each row of a forward pass belongs to (see `prefix.generate_with_shared_prefix`)
+        self.row_groups: list[int] | None = None
+        self.on_rows = None
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -160,7 +164,8 @@ class HFPolicy:
             prefix_len = shared_prefix_length(ids)
             if prefix_len >= self.min_prefix_tokens:
                 tokens, _ = generate_with_shared_prefix(
-                    self.model, ids, prefix_len, sampling, self.eos_token_ids, self.tokenizer.pad_token_id, seed)
+                    self.model, ids, prefix_len, sampling, self.eos_token_ids, self.tokenizer.pad_token_id, seed,
+                    groups=self.row_groups, set_rows=self.on_rows)
                 texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
                 return [Completion(prompt_ids=list(p), token_ids=t, text=x) for p, t, x in zip(ids, tokens, texts)]
         dev = self.device

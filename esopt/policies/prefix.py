@@ -14,7 +14,7 @@ earlier call could belong to other weights.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
@@ -72,9 +72,15 @@ def generate_with_shared_prefix(
     pad_token_id: int,
     seed: int | None = None,
     return_logprobs: bool = False,
+    groups: Sequence[int] | None = None,
+    set_rows: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[list[int]], list[list[float]] | None]:
     """Generated ids per row (cut after the first EOS) and, if asked, their log-probabilities under
-    softmax(raw logits / temperature) (temperature 1 when greedy)."""
+    softmax(raw logits / temperature) (temperature 1 when greedy).
+
+    `groups` (one id per row): rows of one group share weights, rows of different groups do not (batched ES
+    members). The prefix is then encoded once per group, not once for all, and `set_rows(ids)` is told the
+    group of every row of each forward pass: first the distinct groups (the prefix pass), then the rows."""
     dev = next(model.parameters()).device
     batch = len(ids)
     suffixes = [list(x[prefix_len:]) for x in ids]
@@ -85,9 +91,18 @@ def generate_with_shared_prefix(
         generator.manual_seed(seed)
 
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([list(ids[0][:prefix_len])], device=dev), use_cache=True, logits_to_keep=1,
-          **{CACHE_ARG: cache})
-    cache.batch_repeat_interleave(batch)
+    distinct = sorted(set(groups)) if groups is not None else [0]
+    if set_rows is not None:
+        set_rows(list(distinct))
+    prefix = torch.tensor([list(ids[0][:prefix_len])] * len(distinct), device=dev)
+    model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache})
+    if groups is None:
+        cache.batch_repeat_interleave(batch)
+    else:
+        where = {g: k for k, g in enumerate(distinct)}
+        cache.batch_select_indices(torch.tensor([where[g] for g in groups], device=dev))
+        if set_rows is not None:
+            set_rows(list(groups))
 
     # [prefix | pad ... | suffix_i]: pads are masked; positions continue the prefix without gaps
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)

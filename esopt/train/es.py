@@ -137,17 +137,22 @@ class BatchedEvaluator:
 
     def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int
                  ) -> list[MemberResult]:
-        c, e = self.config, len(task_seeds)
+        c, e, policy = self.config, len(task_seeds), self.policy
+
+        def on_batch(rows: list[int]) -> None:  # row -> member; the shared prefix is encoded once per member
+            policy.row_groups = [i // e for i in rows]
+            self.host.set_rows(policy.row_groups)
+
         t0 = time.perf_counter()
-        prefix_cache, self.policy.prefix_cache = self.policy.prefix_cache, False  # rows differ from token 0 on
+        policy.on_rows = self.host.set_rows
         try:
             with self.host.members(members, sigma):
                 t1 = time.perf_counter()
-                trajectories, _ = rollout(self.policy, c, self.make_env, task_seeds * len(members), seed=rollout_seed,
-                                          on_batch=lambda rows: self.host.set_rows([i // e for i in rows]))
+                trajectories, _ = rollout(policy, c, self.make_env, task_seeds * len(members), seed=rollout_seed,
+                                          on_batch=on_batch)
                 t2 = time.perf_counter()
         finally:
-            self.policy.prefix_cache = prefix_cache
+            policy.row_groups, policy.on_rows = None, None
         self.timers.perturb += t1 - t0
         self.timers.rollout += t2 - t1
         results = []
