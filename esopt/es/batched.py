@@ -42,6 +42,7 @@ class BatchedLowRank:
             self.targets += [(name, m) for m in owners[id(p)]]
         self.rows: torch.Tensor | None = None
         self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.masks: dict[torch.device, torch.Tensor] = {}
 
     def set_rows(self, members_of_rows: Sequence[int]) -> None:
         """The member index (position in the `members` list) of every row of the next forward passes."""
@@ -49,21 +50,28 @@ class BatchedLowRank:
 
     @contextlib.contextmanager
     def members(self, members: Sequence, sigma: float) -> Iterator[BatchedLowRank]:
-        """Install the members' factors for the block; the model is unchanged before and after."""
-        pert = self.perturbation
-        scales = torch.tensor([sigma * m.sign * pert.rank ** -0.5 for m in members], dtype=torch.float32)
+        """Install the members' factors for the block; the model is unchanged before and after.
+
+        Per matrix, the members' factors are concatenated: A_cat (out x G*r) and B_cat (in x G*r). A row of
+        member i then computes ((x B_cat) * M_i) A_cat^T, where the mask M_i keeps member i's r columns and
+        carries its scale: two dense matmuls with G*r inner columns, instead of G thin ones."""
+        pert, g, r = self.perturbation, len(members), self.perturbation.rank
+        mask = torch.zeros(g, g * r, dtype=torch.float32)
+        for i, m in enumerate(members):
+            mask[i, i * r:(i + 1) * r] = sigma * m.sign * r ** -0.5
         for name, p in pert.params:
             pairs = [pert.factors(m.seed, name, p.shape, p.device) for m in members]
-            a = torch.stack([x for x, _ in pairs]) * scales.to(p.device)[:, None, None]  # (G, out, r), scaled
-            b = torch.stack([y for _, y in pairs])  # (G, in, r)
+            a = torch.cat([x for x, _ in pairs], dim=1)  # (out, G*r)
+            b = torch.cat([y for _, y in pairs], dim=1)  # (in, G*r)
             self.factors[name] = (a.to(p.dtype), b.to(p.dtype))
+            self.masks[p.device] = mask.to(p.device, p.dtype)
         handles = [module.register_forward_hook(self._hook(name)) for name, module in self.targets]
         try:
             yield self
         finally:
             for h in handles:
                 h.remove()
-            self.factors, self.rows = {}, None
+            self.factors, self.masks, self.rows = {}, {}, None
 
     def _hook(self, name: str):
         def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -73,14 +81,12 @@ class BatchedLowRank:
                 raise RuntimeError(f"BatchedLowRank: a batch of {output.shape[0]} rows, but rows were set for "
                                    f"{len(self.rows)}")
             a, b = self.factors[name]
-            rows = self.rows.to(output.device)
-            a, b = a[rows], b[rows]  # (R, out, r), (R, in, r)
+            mask = self.masks[output.device][self.rows.to(output.device)][:, None, :]  # (R, 1, G*r)
             x = inputs[0]
             if isinstance(module, torch.nn.Embedding):  # row t of W gains A[t] B^T
-                picked = torch.gather(a, 1, x.reshape(len(rows), -1, 1).expand(-1, -1, a.shape[-1]))
-                delta = picked @ b.transpose(1, 2)  # (R, T, hidden)
-                return output + delta.view_as(output)
-            delta = (x.reshape(len(rows), -1, x.shape[-1]) @ b) @ a.transpose(1, 2)  # Linear (tied head too)
-            return output + delta.view_as(output)
+                coef = a[x.reshape(len(self.rows), -1)] * mask  # (R, T, G*r)
+                return output + (coef @ b.T).view_as(output)
+            xb = x.reshape(len(self.rows), -1, x.shape[-1]) @ b  # (R, T, G*r); Linear y = x W^T gains (x B) A^T
+            return output + ((xb * mask) @ a.T).view_as(output)
 
         return hook
