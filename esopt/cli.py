@@ -67,7 +67,11 @@ def _eval(args: argparse.Namespace) -> int:
     make_env(args.env, **env_kwargs).close()  # a bad env id or argument fails before the model loads
     policy = load_model(ModelSection(name=args.model, dtype=args.dtype, device=args.device), env_kwargs)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
-    seeds = [args.task_seed + i for i in range(args.episodes)]
+    if args.rollouts_per_task < 1:
+        raise ValueError(f"--rollouts-per-task must be >= 1, got {args.rollouts_per_task}")
+    if args.rollouts_per_task > 1 and args.temperature == 0:
+        raise ValueError("--rollouts-per-task > 1 needs sampling (--temperature > 0): greedy rollouts are identical")
+    seeds = [args.task_seed + i for i in range(args.episodes)] * args.rollouts_per_task  # sample-major
     with make_env(args.env, **env_kwargs) as env:
         examples = env_examples(env, args.few_shot)
     trajectories, stats = run_episodes(
@@ -82,6 +86,12 @@ def _eval(args: argparse.Namespace) -> int:
           f"{s['mean_turns']:.2f} | valid actions {s['valid_action_rate']:.3f} | "
           f"correct given valid {s['correct_given_valid']:.3f} | "
           f"{stats.tokens_per_second:.1f} generated tok/s ({stats.generated_tokens} tokens in {stats.seconds:.1f}s)")
+    if args.rollouts_per_task > 1:
+        from esopt.testtime import summarize_test_time
+
+        tt = summarize_test_time(trajectories, args.rollouts_per_task)
+        print(f"test-time compute over {args.rollouts_per_task} rollouts per task: "
+              + " | ".join(f"{k} {v:.3f}" for k, v in tt.items()))
     for t in trajectories[: args.samples]:
         print(f"\n--- task {t.task_seed}: success={t.success} turns={t.num_turns} reward={t.reward:.2f}")
         for k, turn in enumerate(t.turns[:6]):
@@ -194,7 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--reward", choices=["binary", "shaped"], help="Sudoku: env reward (default binary)")
     e.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
                    help="extra env argument (repeatable), e.g. --env-arg show_empty=true")
-    e.add_argument("--episodes", type=int, default=32)
+    e.add_argument("--episodes", type=int, default=32, help="tasks (one episode each unless --rollouts-per-task)")
+    e.add_argument("--rollouts-per-task", type=int, default=1,
+                   help="N > 1: test-time compute, reports Mean@N, Pass@k, best-of-N (env verifier) and vote@N")
     e.add_argument("--task-seed", type=int, default=10_000, help="first task seed (tasks are seed..seed+N-1)")
     e.add_argument("--seed", type=int, default=0, help="sampling seed")
     e.add_argument("--temperature", type=float, default=0.7)
