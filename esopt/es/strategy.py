@@ -114,15 +114,16 @@ class ES:
             self._active = None
             self.on_weights_changed()
 
-    def tell(self, rewards: Sequence[float]) -> TellResult:
-        """Shape rewards, apply theta += alpha/G * sum_i w_i eps_i, append the ledger line, advance."""
+    def tell(self, rewards: Sequence[float], extra: dict | None = None) -> TellResult:
+        """Shape rewards, apply theta += alpha/G * sum_i w_i eps_i, append the ledger line (plus `extra`
+        fields, e.g. the prompt version the rollouts used), advance."""
         if self._members is None:
             raise RuntimeError("tell() called before ask()")
         r = check_rewards(rewards)
         if r.size != len(self._members):
             raise ValueError(f"got {r.size} rewards for a population of {len(self._members)} members")
         weights = self.shaper(r)
-        record = self.record(r, weights)
+        record = {**self.record(r, weights), **(extra or {})}
         rms = apply_record(self.perturbation, record)
         self.last_record = record
         self.on_weights_changed()

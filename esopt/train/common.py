@@ -104,11 +104,13 @@ def few_shot_examples(config: BaseTrainConfig, make: Callable) -> list[tuple[str
 
 
 def rollout(policy: HFPolicy, config: BaseTrainConfig, make: Callable, task_seeds: list[int], seed: int,
-            sampling: SamplingParams | None = None, on_batch: Callable | None = None):
+            sampling: SamplingParams | None = None, on_batch: Callable | None = None,
+            system_prompt: str | None = None):
     """run_episodes with the run's sampling (unless given), conversation mode, system prompt, worked
     examples and batch cap."""
     return run_episodes(policy, make, task_seeds, sampling or config.sampling.params(), seed=seed,
-                        conversation=config.env.conversation, system_prompt=config.env.system_prompt,
+                        conversation=config.env.conversation,
+                        system_prompt=config.env.system_prompt if system_prompt is None else system_prompt,
                         max_batch_size=config.max_batch_size, examples=few_shot_examples(config, make),
                         max_prompt_tokens=config.env.max_prompt_tokens, on_batch=on_batch)
 
@@ -211,8 +213,8 @@ class RunDir:
     def summary_path(self) -> Path:
         return self.root / "summary.json"
 
-    def save_final(self, policy: HFPolicy, summary: dict) -> None:
-        save_pretrained_atomic(policy.model, policy.tokenizer, self.root / "final")
+    def save_final(self, policy: HFPolicy, summary: dict, extra_files: dict | None = None) -> None:
+        save_pretrained_atomic(policy.model, policy.tokenizer, self.root / "final", extra_files=extra_files)
         write_json_atomic(self.summary_path, summary)
 
     def plot(self) -> list[Path]:

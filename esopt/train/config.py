@@ -140,13 +140,42 @@ class DistributedSection(Section):
     threads_per_worker: int = Field(1, ge=1, description="ray: torch threads per replica")
 
 
+class PromptSection(Section):
+    """Prompt-parameter co-evolution: every `every` generations, skills distilled from the generation's
+    trajectories are proposed as a new prompt, kept only if it wins the gate (0: off)."""
+
+    every: int = Field(0, ge=0, description="a prompt step after every k generations (0: parameters only)")
+    reflector: Literal["policy", "http"] = Field("policy", description="policy: the unperturbed model itself; "
+                                                  "http: an OpenAI-compatible endpoint")
+    base_url: str | None = Field(None, description="http: e.g. http://127.0.0.1:8000/v1 (esopt serve)")
+    model: str = "default"
+    api_key_env: str | None = Field(None, description="http: environment variable holding the API key")
+    timeout_s: float = Field(60.0, gt=0)
+    retries: int = Field(2, ge=0)
+    max_skills: int = Field(8, ge=1, description="lines in the skills document")
+    episodes: int = Field(8, ge=1, description="trajectories of the generation shown to the reflector")
+    gate_tasks: int = Field(16, ge=1, description="training tasks the gate scores both prompts on")
+    margin: float = Field(0.0, ge=0, description="the candidate must beat the current prompt by more than this")
+    max_new_tokens: int = Field(256, ge=1, description="policy reflector: reply length")
+
+    @model_validator(mode="after")
+    def _check_http(self) -> PromptSection:
+        if self.every and self.reflector == "http" and not self.base_url:
+            raise ValueError("prompt.reflector http needs prompt.base_url")
+        return self
+
+
 class ESTrainConfig(BaseTrainConfig):
     algo: Literal["es"] = "es"
     es: ESSection = Field(default_factory=ESSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
+    prompt: PromptSection = Field(default_factory=PromptSection)
 
     @model_validator(mode="after")
     def _check_distributed(self) -> ESTrainConfig:
+        if self.distributed.backend == "ray" and self.prompt.every:
+            raise ValueError("prompt co-evolution runs with the local or batched evaluator; Ray workers do not "
+                             "take a changing prompt yet")
         if self.distributed.backend == "ray" and self.es.batched:
             raise ValueError("es.batched runs the population in one process; it cannot be combined with "
                              "distributed.backend: ray")

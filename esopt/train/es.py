@@ -13,6 +13,7 @@ nothing); a Ray replica or a batched low-rank backend needs only these two calls
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ import numpy as np
 from esopt.es import ES, Ledger, Member, read_history, replay
 from esopt.es.shaping import pair_disagreement, task_normalized
 from esopt.policies import HFPolicy, load_policy
-from esopt.rollout import RolloutStats, Trajectory
+from esopt.prompt.program import PromptStore, PromptVersion
+from esopt.rollout import RolloutStats, Trajectory, resolve_system_prompt
 from esopt.train import loop
 from esopt.train.common import (
     RunDir,
@@ -96,6 +98,7 @@ class LocalEvaluator:
                  progress: bool = True):
         self.es, self.policy, self.make_env, self.config = es, policy, make_env, config
         self.timers, self.progress = timers, progress
+        self.system_prompt: str | None = None  # the prompt program's current rendering (None: config/env's)
 
     def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int
                  ) -> list[MemberResult]:
@@ -106,7 +109,8 @@ class LocalEvaluator:
             t0 = time.perf_counter()
             with self.es.perturbed(m, sigma):
                 t1 = time.perf_counter()
-                trajectories, stats = rollout(self.policy, c, self.make_env, task_seeds, seed=rollout_seed)
+                trajectories, stats = rollout(self.policy, c, self.make_env, task_seeds, seed=rollout_seed,
+                                              system_prompt=self.system_prompt)
                 t2 = time.perf_counter()
             t3 = time.perf_counter()
             self.timers.perturb += t1 - t0
@@ -134,6 +138,7 @@ class BatchedEvaluator:
 
         self.host = BatchedLowRank(policy.model, es.perturbation)
         self.policy, self.make_env, self.config, self.timers = policy, make_env, config, timers
+        self.system_prompt: str | None = None
 
     def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int
                  ) -> list[MemberResult]:
@@ -149,7 +154,7 @@ class BatchedEvaluator:
             with self.host.members(members, sigma):
                 t1 = time.perf_counter()
                 trajectories, _ = rollout(policy, c, self.make_env, task_seeds * len(members), seed=rollout_seed,
-                                          on_batch=on_batch)
+                                          on_batch=on_batch, system_prompt=self.system_prompt)
                 t2 = time.perf_counter()
         finally:
             policy.row_groups, policy.on_rows = None, None
@@ -186,6 +191,11 @@ class ESAlgorithm:
             self.evaluator = BatchedEvaluator(self.es, policy, make_env, config, timers)
         else:
             self.evaluator = LocalEvaluator(self.es, policy, make_env, config, timers, progress)
+        self.make_env, self.progress = make_env, progress
+        self.prompts = PromptStore(rd.root)
+        self.program = self._current_prompt(rd, start) if config.prompt.every else None
+        if self.program is not None:
+            self.evaluator.system_prompt = self.program.render()
 
     @property
     def steps_done(self) -> int:
@@ -200,8 +210,9 @@ class ESAlgorithm:
         rewards = np.array([r.reward for r in results])
         fitness = population_fitness(results, config)
         t_up = time.perf_counter()
+        extra = {"prompt_version": self.program.version} if self.program is not None else None
         with defer_sigint():  # the update and its ledger line happen together or not at all
-            told = self.es.tell(fitness)
+            told = self.es.tell(fitness, extra)
         self.evaluator.sync(self.es.last_record)
         self.timers.update += time.perf_counter() - t_up
         pop = summarize([t for r in results for t in r.trajectories])
@@ -216,7 +227,73 @@ class ESAlgorithm:
         }
         if config.es.antithetic:  # share of pairs whose two members scored differently
             row["pair_disagreement"] = pair_disagreement(fitness, [m.sign for m in members])
+        if self.program is not None:
+            row["prompt_version"] = self.program.version
+            if (gen + 1) % config.prompt.every == 0:
+                row.update(self.prompt_step(gen + 1, results))
         return row
+
+    # --- prompt co-evolution ------------------------------------------------------------------------
+
+    def _current_prompt(self, rd: RunDir, start: int) -> PromptVersion:
+        """Version 0 is the config's (or env's) system prompt; on resume, the newest accepted version made
+        at or before the resumed generation."""
+        accepted = [v for v in self.prompts.all() if v.accepted and v.generation <= start]
+        if accepted:
+            return accepted[-1]
+        with self.make_env() as env:
+            system = resolve_system_prompt(env, self.config.env.system_prompt) or ""
+        v0 = PromptVersion(0, system, [], generation=0)
+        self.prompts.save(v0)
+        return v0
+
+    def _reflector(self):
+        from esopt.prompt.reflector import HTTPReflector, PolicyReflector
+
+        p = self.config.prompt
+        if p.reflector == "http":
+            return HTTPReflector(p.base_url, p.model, p.api_key_env, p.timeout_s, p.retries,
+                                 log=lambda m: say(m, self.progress))
+        return PolicyReflector(self.policy, p.max_new_tokens)
+
+    def prompt_score(self, system_prompt: str, generation: int) -> float:
+        """Mean score of the unperturbed policy on the gate's tasks with this system prompt."""
+        c = self.config
+        tasks = train_task_seeds(c.seed, 10**6 + generation, c.prompt.gate_tasks)  # not this generation's tasks
+        trajectories, _ = rollout(self.policy, c, self.make_env, tasks, seed=generation, system_prompt=system_prompt)
+        return member_score(trajectories, c.es.reward)
+
+    def prompt_step(self, generation: int, results: Sequence[MemberResult]) -> dict:
+        """Distil skills from this generation's trajectories, gate the candidate, keep the winner."""
+        from esopt.prompt.skills import distill, gate
+
+        c = self.config
+        episodes = sorted(((trajectory_score(t, c.es.reward), t) for r in results for t in r.trajectories),
+                          key=lambda x: x[0])
+        k = c.prompt.episodes
+        picked = episodes[: (k + 1) // 2] + episodes[len(episodes) - k // 2:] if len(episodes) > k else episodes
+        skills = distill(self._reflector(), self.program.system, [t for _, t in picked], [s for s, _ in picked],
+                         self.program.skills, c.prompt.max_skills, log=lambda m: say(m, self.progress))
+        if skills is None:
+            return {"prompt_accepted": False}
+        candidate = PromptVersion(max(v.version for v in self.prompts.all()) + 1, self.program.system, skills,
+                                  generation=generation)
+        accepted, now, new = gate(lambda text: self.prompt_score(text, generation), self.program.render(),
+                                  candidate.render(), c.prompt.margin)
+        candidate.score, candidate.accepted = new, accepted
+        self.prompts.save(candidate)
+        say(f"prompt step @ {generation}: v{candidate.version} scores {new:.3f} vs v{self.program.version} {now:.3f}"
+            f" -> {'accepted' if accepted else 'rejected'}", self.progress)
+        if accepted:
+            self.program = candidate
+            self.evaluator.system_prompt = candidate.render()
+        return {"prompt_accepted": accepted, "prompt_score": new, "prompt_score_before": now}
+
+    def final_files(self) -> dict:
+        """The prompt ships next to the weights (`esopt serve` reads it)."""
+        if self.program is None:
+            return {}
+        return {"prompt.json": json.dumps({"system": self.program.render(), "version": self.program.version})}
 
     def describe(self, row: dict) -> str:
         line = f" | sigma {row['sigma']:.2e} alpha {row['alpha']:.2e}"
@@ -225,7 +302,7 @@ class ESAlgorithm:
         return line
 
     def checkpoint_files(self) -> dict:
-        return {}
+        return self.final_files()
 
     def close(self) -> None:
         close = getattr(self.evaluator, "close", None)

@@ -168,7 +168,8 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
         "eval_before": first, "eval_after": last,
     }
     if not interrupted:
-        rd.save_final(policy, summary)
+        final_files = getattr(algorithm, "final_files", None)  # e.g. the prompt program
+        rd.save_final(policy, summary, final_files() if final_files else None)
     rd.plot()
     rd.close()
     ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"

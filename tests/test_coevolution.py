@@ -1,0 +1,88 @@
+"""Prompt-parameter co-evolution with scripted reflectors: the gate, untrusted replies, the schedule inside
+the ES loop, and resume restoring the prompt version."""
+
+import json
+
+import pytest
+
+from esopt.es import read_history
+from esopt.prompt.skills import distill, gate, parse_skills
+from esopt.rollout import Trajectory, Turn
+from esopt.train.config import load_config
+from esopt.train.es import ESAlgorithm, train
+
+
+class Scripted:
+    """A reflector that answers every call with fixed text (or None: a failed endpoint)."""
+
+    def __init__(self, reply):
+        self.reply, self.calls = reply, 0
+
+    def complete(self, messages):
+        self.calls += 1
+        return self.reply
+
+
+def episode(success: bool) -> Trajectory:
+    t = Trajectory(task_seed=1)
+    t.add(Turn(prompt="obs", prompt_ids=[1], token_ids=[2], text="set 1 1 1", logprobs=None,
+               reward=float(success), terminated=True, truncated=False,
+               info={"is_success": success, "action_is_valid": True, "feedback": "ok"}))
+    return t
+
+
+def test_gate_accepts_only_a_better_prompt():
+    score = {"current": 0.4, "better": 0.6, "worse": 0.2}.get
+    assert gate(score, "current", "better", margin=0.05)[0] is True
+    assert gate(score, "current", "worse", margin=0.0) == (False, 0.4, 0.2)
+    assert gate(score, "current", "current", margin=0.0)[0] is False  # a tie keeps the current prompt
+
+
+def test_untrusted_replies_are_parsed_or_dropped():
+    text = "Sure! Here:\n- Pick a listed empty cell\n* pick a listed EMPTY cell\n2) Check the row\nrandom prose\n-\n"
+    assert parse_skills(text, 8) == ["Pick a listed empty cell", "Check the row"]
+    assert parse_skills(None, 8) == [] and parse_skills("\x00\x01", 3) == []
+    assert len(parse_skills("\n".join(f"- s{i}" for i in range(20)), 5)) == 5
+
+
+def test_distill_merges_lessons_and_keeps_the_prompt_on_bad_replies():
+    logs = []
+    good = Scripted("- Write one move\n- Use an empty cell")
+    assert distill(good, "Sudoku", [episode(False), episode(True)], [0.0, 1.0], ["old"], 4, log=logs.append) == [
+        "Write one move", "Use an empty cell"]
+    assert good.calls == 2  # one analysis batch + one merge
+    assert distill(Scripted(None), "Sudoku", [episode(False)], [0.0], [], 4, log=logs.append) is None
+    assert distill(Scripted("no bullets at all"), "Sudoku", [episode(False)], [0.0], [], 4, log=logs.append) is None
+    assert len(logs) == 2 and all("current prompt stays" in m for m in logs)
+
+
+def test_schedule_ledger_versions_and_resume(tmp_path, monkeypatch):
+    reflector = Scripted("- Pick a cell listed as empty\n- Answer with one move")
+    monkeypatch.setattr(ESAlgorithm, "_reflector", lambda self: reflector)
+    # a scripted gate score: longer prompts (more skills) score higher, so the candidate wins
+    monkeypatch.setattr(ESAlgorithm, "prompt_score", lambda self, text, generation: float(len(text)))
+    overrides = ["steps=4", "eval.tasks=2", "eval.every=0", "measure_inference_peak=false", "prompt.every=2",
+                 "checkpoint_every=1"]
+    out = tmp_path / "run"
+    train(load_config("smoke", overrides[:1] + ["steps=2"] + overrides[1:]), out, progress=False)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    assert [r["step"] for r in rows if "prompt_accepted" in r] == [2]  # a prompt step after generation 2 only
+    assert [r["prompt_version"] for r in rows] == [0, 0]
+    assert json.loads((out / "final" / "prompt.json").read_text())["version"] == 1
+    assert "Pick a cell listed as empty" in json.loads((out / "prompts" / "v0001.json").read_text())["skills"]
+
+    # resume to 4 generations: generations 3-4 run with version 1, a second prompt step follows generation 4
+    config = load_config(out / "config.yaml", ["steps=4"])
+    train(config, out, resume=True, progress=False)
+    assert [r.get("prompt_version") for r in read_history(out / "history.jsonl")] == [0, 0, 1, 1]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    assert [r["step"] for r in rows if "prompt_accepted" in r] == [2, 4]
+
+
+def test_http_reflector_needs_a_url_and_ray_does_not_take_prompts():
+    from esopt.train.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match="base_url"):
+        build_config({}, ["prompt.every=1", "prompt.reflector=http"])
+    with pytest.raises(ConfigError, match="Ray workers"):
+        build_config({}, ["prompt.every=1", "distributed.backend=ray"])
