@@ -63,3 +63,17 @@ def test_calibrate_neighbourhood_and_gain_smoke(tmp_path, capsys):
     before = (tmp_path / "gain.md").read_text()
     assert gain.main(argv) == 0 and (tmp_path / "gain.md").read_text() == before
     assert np.isfinite([r["success"] for r in result["rows"]]).all()
+
+    # test-time compute row: the base, best of 2 sampled episodes per task (the verifier keeps the best)
+    assert gain.main([*argv, "--best-of", "2"]) == 0
+    result = json.loads((tmp_path / "gain.json").read_text())
+    row = next(r for r in result["rows"] if r["name"] == "base best-of-2")
+    sampled = json.loads((tmp_path / "gain_evals" / "base-test-T0.7-x2.json").read_text())["episode_success"]
+    assert row["success"] == sum(max(sampled[i], sampled[6 + i]) for i in range(6)) / 6
+
+
+def test_best_of_takes_the_verifiers_pick_per_task():
+    ev = {"episode_success": [0, 1, 0, 1, 0, 0], "episode_shaped": [0.1, 0.9, 0.3, 0.8, 0.2, 0.0]}
+    best = gain.best_of(ev, samples=2, tasks=3)
+    assert best["episode_success"] == [1, 1, 0] and best["episode_shaped"] == [0.8, 0.9, 0.3]
+    assert best["success_rate"] == 2 / 3

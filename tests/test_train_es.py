@@ -168,7 +168,7 @@ def test_train_loop_climbs_a_reward_that_is_linear_in_the_weights(tmp_path, monk
 
     probe: dict = {}
 
-    def linear_reward_rollout(policy, config, make, task_seeds, seed):
+    def linear_reward_rollout(policy, config, make, task_seeds, seed, **kwargs):
         if "u" not in probe:
             probe["param"] = policy.model.model.layers[0].mlp.up_proj.weight
             probe["u"] = torch.randn(probe["param"].shape, generator=torch.Generator().manual_seed(5))

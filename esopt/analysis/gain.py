@@ -6,7 +6,8 @@ same sampling seeds, paired with the base model:
 - `base`: the run's starting weights, at the run's sampling settings;
 - `base@T*`: the base at its best temperature, chosen on the validation split (`--temperatures`), so
   that sharpening or flattening the base's distribution alone is not counted as learning;
-- `es`: each run's trained weights (rebuilt from the base and its ledger);
+- `es`: each run's trained weights (rebuilt from the base and its ledger), with the run's final prompt
+  (final/prompt.json) when it co-evolved one;
 - `random`: each run's ledger replayed with every generation's per-seed update coefficients shuffled
   over its seeds: a random walk with the same step sizes and noise, carrying no reward information.
 Changes come with a paired bootstrap 95% interval over tasks and an exact McNemar test on success.
@@ -78,8 +79,17 @@ def _step_norm(policy, base_state: dict[str, torch.Tensor]) -> float:
     return sq**0.5
 
 
+def best_of(result: dict, samples: int, tasks: int) -> dict:
+    """Per task, the best of `samples` episodes as the env's verifier picks it (laid out sample-major)."""
+    success = [max(result["episode_success"][s * tasks + i] for s in range(samples)) for i in range(tasks)]
+    shaped = [max(result["episode_shaped"][s * tasks + i] for s in range(samples)) for i in range(tasks)]
+    return {**result, "episode_success": success, "episode_shaped": shaped, "success_rate": sum(success) / tasks,
+            "shaped_reward": sum(shaped) / tasks}
+
+
 def measure(runs: list[Path], split: str, episodes: int, temperatures: list[float], validation_episodes: int,
-            controls: bool, out: Path, progress: bool = True, es_runs: bool = True) -> dict:
+            controls: bool, out: Path, progress: bool = True, es_runs: bool = True, best_of_n: int = 0,
+            best_of_temperature: float = 0.7) -> dict:
     from esopt.es import read_history, replay
     from esopt.train.common import env_factory, load_model
     from esopt.train.config import load_config
@@ -89,7 +99,8 @@ def measure(runs: list[Path], split: str, episodes: int, temperatures: list[floa
     configs = [load_config(r / "config.yaml") for r in runs]
     base_config = configs[0]
     for r, c in zip(runs, configs):
-        if (c.model, c.env, c.sampling) != (base_config.model, base_config.env, base_config.sampling):
+        if (c.model, c.env.kwargs, c.env.few_shot, c.sampling) != (
+                base_config.model, base_config.env.kwargs, base_config.env.few_shot, base_config.sampling):
             raise ValueError(f"{r}: model, env or sampling differ from {runs[0]}; compare runs of one setting")
     cache = out / "gain_evals"
     cache.mkdir(parents=True, exist_ok=True)
@@ -113,11 +124,23 @@ def measure(runs: list[Path], split: str, episodes: int, temperatures: list[floa
         tuned.sampling.temperature = best_t
         evals["base@T*"] = _evaluate_cached(cache, f"base-{split}-T{best_t:g}", policy, tuned, make, progress)
 
+    if best_of_n > 1:  # test-time compute on the base: N sampled episodes per task, the verifier keeps the best
+        sampled = test.model_copy(deep=True)
+        sampled.sampling.temperature, sampled.eval.repeats = best_of_temperature, best_of_n
+        ev = _evaluate_cached(cache, f"base-{split}-T{best_of_temperature:g}-x{best_of_n}", policy, sampled, make,
+                              progress)
+        evals[f"base best-of-{best_of_n}"] = best_of(ev, best_of_n, episodes)
+
     norms = {}
     for run in runs:
         records = read_history(run / "history.jsonl")
         variants = ([("es", records)] if es_runs else []) + (
             [("random", permuted_records(records, 0))] if controls else [])
+        run_config = test
+        prompt_file = run / "final" / "prompt.json"
+        if prompt_file.exists():  # a co-evolution run: its weights are judged with its final prompt
+            run_config = test.model_copy(deep=True)
+            run_config.env.system_prompt = json.loads(prompt_file.read_text())["system"]
         for kind, recs in variants:
             name = f"{kind}-{run.name}"
             with torch.no_grad():
@@ -125,7 +148,7 @@ def measure(runs: list[Path], split: str, episodes: int, temperatures: list[floa
                     p.copy_(base_state[n])
                 replay(policy.model, recs)
             norms[name] = _step_norm(policy, base_state)
-            evals[name] = _evaluate_cached(cache, f"{name}-{split}", policy, test, make, progress)
+            evals[name] = _evaluate_cached(cache, f"{name}-{split}", policy, run_config, make, progress)
             evals[name]["generations"] = len(recs)
     return {"runs": [str(r) for r in runs], "split": split, "episodes": episodes, "config": test.model_dump(mode="json"),
             "best_temperature": best_t, "validation": {str(k): v for k, v in val_scores.items()},
@@ -200,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-controls", action="store_true", help="skip the random-step controls")
     p.add_argument("--controls-only", action="store_true",
                    help="evaluate only the base and the random-step controls (to run beside a --no-controls process)")
+    p.add_argument("--best-of", type=int, default=0, metavar="N",
+                   help="also the base with test-time compute: best of N sampled episodes per task (env verifier)")
+    p.add_argument("--best-of-temperature", type=float, default=0.7)
     add_analysis_options(p, "OUT/gain.md, OUT/gain.json and OUT/gain_evals/")
     return p
 
@@ -215,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     result = measure(args.runs, args.split, args.episodes, [] if args.controls_only else args.temperatures,
                      args.validation_episodes, not args.no_controls, out, progress=not args.quiet,
-                     es_runs=not args.controls_only)
+                     es_runs=not args.controls_only, best_of_n=args.best_of,
+                     best_of_temperature=args.best_of_temperature)
     write_report(args.out, "gain", report(result), {**result, "rows": rows(result)})
     return 0
 
