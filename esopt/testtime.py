@@ -16,8 +16,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import TypeVar
 
 from esopt.rollout import Trajectory
+
+T = TypeVar("T")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -50,12 +53,12 @@ def majority_vote(group: Sequence[Trajectory]) -> bool:
     return any(t.success for t, k in zip(group, keys) if k == winner)
 
 
-def by_task(trajectories: Sequence[Trajectory], samples: int) -> list[list[Trajectory]]:
-    """Episodes laid out sample-major (task seeds repeated `samples` times) grouped per task."""
-    if samples < 1 or len(trajectories) % samples:
-        raise ValueError(f"{len(trajectories)} episodes do not split into {samples} samples per task")
-    tasks = len(trajectories) // samples
-    return [[trajectories[s * tasks + i] for s in range(samples)] for i in range(tasks)]
+def by_task(episodes: Sequence[T], samples: int) -> list[list[T]]:
+    """Per-episode items laid out sample-major (task seeds repeated `samples` times), grouped per task."""
+    if samples < 1 or len(episodes) % samples:
+        raise ValueError(f"{len(episodes)} episodes do not split into {samples} samples per task")
+    tasks = len(episodes) // samples
+    return [[episodes[s * tasks + i] for s in range(samples)] for i in range(tasks)]
 
 
 def summarize_test_time(trajectories: Sequence[Trajectory], samples: int) -> dict[str, float]:

@@ -81,8 +81,12 @@ def _step_norm(policy, base_state: dict[str, torch.Tensor]) -> float:
 
 def best_of(result: dict, samples: int, tasks: int) -> dict:
     """Per task, the best of `samples` episodes as the env's verifier picks it (laid out sample-major)."""
-    success = [max(result["episode_success"][s * tasks + i] for s in range(samples)) for i in range(tasks)]
-    shaped = [max(result["episode_shaped"][s * tasks + i] for s in range(samples)) for i in range(tasks)]
+    from esopt.testtime import by_task
+
+    success = [max(g) for g in by_task(result["episode_success"], samples)]
+    shaped = [max(g) for g in by_task(result["episode_shaped"], samples)]
+    if len(success) != tasks:
+        raise ValueError(f"{len(result['episode_success'])} episodes are not {samples} samples of {tasks} tasks")
     return {**result, "episode_success": success, "episode_shaped": shaped, "success_rate": sum(success) / tasks,
             "shaped_reward": sum(shaped) / tasks}
 

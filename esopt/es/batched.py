@@ -64,7 +64,8 @@ class BatchedLowRank:
             a = torch.cat([x for x, _ in pairs], dim=1)  # (out, G*r)
             b = torch.cat([y for _, y in pairs], dim=1)  # (in, G*r)
             self.factors[name] = (a.to(p.dtype), b.to(p.dtype))
-            self.masks[p.device] = mask.to(p.device, p.dtype)
+            if p.device not in self.masks:
+                self.masks[p.device] = mask.to(p.device, p.dtype)
         handles = [module.register_forward_hook(self._hook(name)) for name, module in self.targets]
         try:
             yield self

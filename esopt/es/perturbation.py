@@ -4,8 +4,8 @@ and how a generation's update is applied.
 A `Perturbation` is built from a ledger's noise spec (`build_perturbation`), so `ES`, `replay` and any
 replica (a Ray worker, a GPU engine) that holds the same weights make the same numbers. A noise kind is
 one subclass registered under its spec's `dist` name: `GaussianNoise` ("normal", dense, chunked) is the
-default; a low-rank kind overrides `perturb`/`restore`/`update`; a kind that only changes the random
-numbers (see the Rademacher kind in the tests) overrides `draw`.
+default; a low-rank kind overrides `perturb`/`update`/`combine` (restore is shared); a kind that only
+changes the random numbers (see the Rademacher kind in the tests) overrides `draw`.
 
 Restore modes:
 - "exact": a master copy of the parameters is kept in fp32 on `master_device` (CPU: off the
@@ -52,6 +52,7 @@ class Perturbation:
                              f"different numbers for the same seed; replay on {drawn}")
         self.spec = {**spec, "device": where}
         self.restore_mode = restore
+        self.noise = NoiseSource(int(spec["chunk_numel"]))
         self.masters: list[torch.Tensor] | None = None
         if restore == "exact":
             self.masters = [p.detach().to(master_device, torch.float32, copy=True).view(-1) for _, p in self.params]
@@ -94,10 +95,6 @@ class GaussianNoise(Perturbation):
 
     dist = "normal"
     version = 1
-
-    def __init__(self, params: Params, spec: dict, restore: str = "exact", master_device: str = "cpu"):
-        super().__init__(params, spec, restore, master_device)
-        self.noise = NoiseSource(int(spec["chunk_numel"]))
 
     def draw(self, seed: int, name: str, k: int, length: int, device: torch.device) -> torch.Tensor:
         """Chunk k of tensor `name`'s noise for a member seed; valid until the next draw."""
@@ -242,7 +239,6 @@ class LowRankNoise(Perturbation):
         if not params:
             raise ValueError("lowrank noise found no matrices to perturb in the scope")
         super().__init__(params, spec, restore, master_device)
-        self.noise = NoiseSource(int(spec["chunk_numel"]))
 
     @classmethod
     def make_spec(cls, chunk_numel: int = DEFAULT_CHUNK_NUMEL, rank: int = 1, others: str = "frozen", **_) -> dict:

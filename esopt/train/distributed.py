@@ -51,12 +51,9 @@ class Replica:
                      on_weights_changed=self.policy.weights_changed)
 
     def evaluate(self, member: Member, sigma: float, task_seeds: list[int], rollout_seed: int):
-        from esopt.train.common import rollout
-        from esopt.train.es import MemberResult, member_score
+        from esopt.train.es import run_member
 
-        with self.es.perturbed(member, sigma):  # restored on exit, exceptions included
-            trajectories, stats = rollout(self.policy, self.config, self.make_env, task_seeds, seed=rollout_seed)
-        return MemberResult(member.index, member_score(trajectories, self.config.es.reward), trajectories, stats)
+        return run_member(self.es, self.policy, self.config, self.make_env, member, sigma, task_seeds, rollout_seed)
 
     def sync(self, record: dict) -> str:
         from esopt.es import apply_record
@@ -113,6 +110,7 @@ class RayEvaluator:
                 ray.init(num_cpus=d.workers, include_dashboard=False, log_to_driver=False, _temp_dir=str(tmp),
                          runtime_env={"env_vars": {"OMP_NUM_THREADS": str(d.threads_per_worker)}})
         self.ray, self.config, self.model, self.log = ray, config, model, log
+        self.worker_lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
         self.records = list(records)
         self.config_data = config.model_dump(mode="json")
         self.actor_class = ray.remote(num_cpus=1, num_gpus=d.gpus_per_worker, max_restarts=0)(Replica)
@@ -147,7 +145,7 @@ class RayEvaluator:
                 try:
                     results[member.index] = self.ray.get(ref)
                     idle.append(actor)
-                except (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError) as e:
+                except self.worker_lost as e:
                     idle.append(self._replace(actor, f"died while evaluating member {member.index}: "
                                                      f"{type(e).__name__}"))
                     todo.insert(0, member)
@@ -168,7 +166,7 @@ class RayEvaluator:
             try:
                 if self.ray.get(ref) != expected:
                     drifted.append(actor)
-            except (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError):
+            except self.worker_lost:
                 self._replace(actor, "died during the update")
         for actor in drifted:
             self._replace(actor, "its weights drifted from the driver's after the update")

@@ -91,6 +91,23 @@ def population_fitness(results: Sequence[MemberResult], config: ESTrainConfig) -
     return task_normalized(np.array(scores))
 
 
+def run_member(es: ES, policy: HFPolicy, config: ESTrainConfig, make_env: Callable, member: Member, sigma: float,
+               task_seeds: list[int], rollout_seed: int, system_prompt: str | None = None,
+               timers: Timers | None = None) -> MemberResult:
+    """One member: perturb in place, roll out `task_seeds`, restore (on failure too), score."""
+    t0 = time.perf_counter()
+    with es.perturbed(member, sigma):
+        t1 = time.perf_counter()
+        trajectories, stats = rollout(policy, config, make_env, task_seeds, seed=rollout_seed,
+                                      system_prompt=system_prompt)
+        t2 = time.perf_counter()
+    if timers is not None:
+        timers.perturb += t1 - t0
+        timers.rollout += t2 - t1
+        timers.restore += time.perf_counter() - t2
+    return MemberResult(member.index, member_score(trajectories, config.es.reward), trajectories, stats)
+
+
 class LocalEvaluator:
     """Evaluates members one after another on the single local model, perturbed in place."""
 
@@ -106,17 +123,8 @@ class LocalEvaluator:
         results = []
         bar = progress_bar(len(members), "members", leave=False) if self.progress else None
         for m in members:
-            t0 = time.perf_counter()
-            with self.es.perturbed(m, sigma):
-                t1 = time.perf_counter()
-                trajectories, stats = rollout(self.policy, c, self.make_env, task_seeds, seed=rollout_seed,
-                                              system_prompt=self.system_prompt)
-                t2 = time.perf_counter()
-            t3 = time.perf_counter()
-            self.timers.perturb += t1 - t0
-            self.timers.rollout += t2 - t1
-            self.timers.restore += t3 - t2
-            results.append(MemberResult(m.index, member_score(trajectories, c.es.reward), trajectories, stats))
+            results.append(run_member(self.es, self.policy, c, self.make_env, m, sigma, task_seeds, rollout_seed,
+                                      self.system_prompt, self.timers))
             if bar:
                 bar.update(1)
         if bar:
@@ -193,7 +201,7 @@ class ESAlgorithm:
             self.evaluator = LocalEvaluator(self.es, policy, make_env, config, timers, progress)
         self.make_env, self.progress = make_env, progress
         self.prompts = PromptStore(rd.root)
-        self.program = self._current_prompt(rd, start) if config.prompt.every else None
+        self.program = self._current_prompt(start) if config.prompt.every else None
         if self.program is not None:
             self.evaluator.system_prompt = self.program.render()
 
@@ -235,7 +243,7 @@ class ESAlgorithm:
 
     # --- prompt co-evolution ------------------------------------------------------------------------
 
-    def _current_prompt(self, rd: RunDir, start: int) -> PromptVersion:
+    def _current_prompt(self, start: int) -> PromptVersion:
         """Version 0 is the config's (or env's) system prompt; on resume, the newest accepted version made
         at or before the resumed generation."""
         accepted = [v for v in self.prompts.all() if v.accepted and v.generation <= start]
