@@ -41,53 +41,64 @@ class BatchedLowRank:
                                  "neither (narrow es.scope, or evaluate members one by one)")
             self.targets += [(name, m) for m in owners[id(p)]]
         self.rows: torch.Tensor | None = None
+        # per matrix, members stacked: A (G, r, out), B (G, in, r); and each member's scale sigma*sign/sqrt(r)
         self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.masks: dict[torch.device, torch.Tensor] = {}
+        self.scales: torch.Tensor | None = None
+        self.row_factors: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def set_rows(self, members_of_rows: Sequence[int]) -> None:
         """The member index (position in the `members` list) of every row of the next forward passes."""
         self.rows = torch.as_tensor(list(members_of_rows), dtype=torch.long)
+        self.row_factors = {}  # gathered again lazily, once per matrix for all passes over these rows
 
     @contextlib.contextmanager
     def members(self, members: Sequence, sigma: float) -> Iterator[BatchedLowRank]:
-        """Install the members' factors for the block; the model is unchanged before and after.
-
-        Per matrix, the members' factors are concatenated: A_cat (out x G*r) and B_cat (in x G*r). A row of
-        member i then computes ((x B_cat) * M_i) A_cat^T, where the mask M_i keeps member i's r columns and
-        carries its scale: two dense matmuls with G*r inner columns, instead of G thin ones."""
-        pert, g, r = self.perturbation, len(members), self.perturbation.rank
-        mask = torch.zeros(g, g * r, dtype=torch.float32)
-        for i, m in enumerate(members):
-            mask[i, i * r:(i + 1) * r] = sigma * m.sign * r ** -0.5
+        """Install the members' factors for the block; the model is unchanged before and after."""
+        pert, r = self.perturbation, self.perturbation.rank
+        self.scales = torch.tensor([sigma * m.sign * r ** -0.5 for m in members], dtype=torch.float32)
         for name, p in pert.params:
             pairs = [pert.factors(m.seed, name, p.shape, p.device) for m in members]
-            a = torch.cat([x for x, _ in pairs], dim=1)  # (out, G*r)
-            b = torch.cat([y for _, y in pairs], dim=1)  # (in, G*r)
+            a = torch.stack([x.T for x, _ in pairs])  # (G, r, out)
+            b = torch.stack([y for _, y in pairs])  # (G, in, r)
             self.factors[name] = (a.to(p.dtype), b.to(p.dtype))
-            if p.device not in self.masks:
-                self.masks[p.device] = mask.to(p.device, p.dtype)
         handles = [module.register_forward_hook(self._hook(name)) for name, module in self.targets]
         try:
             yield self
         finally:
             for h in handles:
                 h.remove()
-            self.factors, self.masks, self.rows = {}, {}, None
+            self.factors, self.scales, self.rows, self.row_factors = {}, None, None, {}
+
+    def _rows_of(self, name: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each row's own A (R, r, out), B (R, in, r) and scale (R, 1, 1), gathered once per `set_rows`."""
+        key = (name, device)
+        if key not in self.row_factors:
+            a, b = self.factors[name]
+            rows = self.rows.to(a.device)
+            scale = self.scales.to(a.device, a.dtype)[rows][:, None, None]
+            self.row_factors[key] = (a[rows].to(device), b[rows].to(device), scale.to(device))
+        return self.row_factors[key]
 
     def _hook(self, name: str):
         def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
             if self.rows is None:
                 raise RuntimeError("BatchedLowRank: set_rows() before the forward pass")
-            if output.shape[0] != len(self.rows):
-                raise RuntimeError(f"BatchedLowRank: a batch of {output.shape[0]} rows, but rows were set for "
-                                   f"{len(self.rows)}")
-            a, b = self.factors[name]
-            mask = self.masks[output.device][self.rows.to(output.device)][:, None, :]  # (R, 1, G*r)
+            n = len(self.rows)
+            if output.shape[0] != n:
+                raise RuntimeError(f"BatchedLowRank: a batch of {output.shape[0]} rows, but rows were set for {n}")
+            a, b, scale = self._rows_of(name, output.device)
             x = inputs[0]
             if isinstance(module, torch.nn.Embedding):  # row t of W gains A[t] B^T
-                coef = a[x.reshape(len(self.rows), -1)] * mask  # (R, T, G*r)
-                return output + (coef @ b.T).view_as(output)
-            xb = x.reshape(len(self.rows), -1, x.shape[-1]) @ b  # (R, T, G*r); Linear y = x W^T gains (x B) A^T
-            return output + ((xb * mask) @ a.T).view_as(output)
+                r = a.shape[1]
+                ids = x.reshape(n, -1)
+                coef = torch.gather(a, 2, ids[:, None, :].expand(n, r, ids.shape[1])).transpose(1, 2)  # (R, T, r)
+                return output + torch.bmm(coef * scale, b.transpose(1, 2)).view_as(output)
+            x = x.reshape(n, -1, x.shape[-1])
+            if x.shape[1] == 1:  # decoding: elementwise beats bmm's per-matrix overhead at one token per row
+                xb = (x.transpose(1, 2) * b).sum(1, keepdim=True)  # (R, 1, r)
+                term = (xb.transpose(1, 2) * scale * a).sum(1, keepdim=True)  # (R, 1, out)
+            else:  # Linear y = x W^T gains (x B) A^T
+                term = torch.bmm(torch.bmm(x, b) * scale, a)
+            return output + term.view_as(output)
 
         return hook
