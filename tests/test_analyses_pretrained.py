@@ -71,6 +71,16 @@ def test_calibrate_neighbourhood_and_gain_smoke(tmp_path, capsys):
     sampled = json.loads((tmp_path / "gain_evals" / "base-test-T0.7-x2.json").read_text())["episode_success"]
     assert row["success"] == sum(max(sampled[i], sampled[6 + i]) for i in range(6)) / 6
 
+    # Mean@2 / Pass@2 for the base and the ES run, paired per task (the base's sampled eval is reused)
+    assert gain.main([*argv, "--samples", "2"]) == 0
+    result = json.loads((tmp_path / "gain.json").read_text())
+    base_k, es_k = result["sampled_rows"]
+    assert (base_k["name"], es_k["name"]) == ("base", "es-run-s0")
+    assert base_k["pass_at_k"] == row["success"] and base_k["mean_at_k"] == sum(sampled) / 12
+    es_sampled = json.loads((tmp_path / "gain_evals" / "es-run-s0-test-T0.7-x2.json").read_text())["episode_success"]
+    assert es_k["d_mean"][0] == pytest.approx(sum(es_sampled) / 12 - sum(sampled) / 12)
+    assert "| model | Mean@2 |" in (tmp_path / "gain.md").read_text()
+
 
 def test_best_of_takes_the_verifiers_pick_per_task():
     ev = {"episode_success": [0, 1, 0, 1, 0, 0], "episode_shaped": [0.1, 0.9, 0.3, 0.8, 0.2, 0.0]}

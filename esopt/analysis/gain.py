@@ -93,7 +93,7 @@ def best_of(result: dict, samples: int, tasks: int) -> dict:
 
 def measure(runs: list[Path], split: str, episodes: int, temperatures: list[float], validation_episodes: int,
             controls: bool, out: Path, progress: bool = True, es_runs: bool = True, best_of_n: int = 0,
-            best_of_temperature: float = 0.7) -> dict:
+            best_of_temperature: float = 0.7, samples: int = 0) -> dict:
     from esopt.es import read_history, replay
     from esopt.train.common import env_factory, load_model
     from esopt.train.config import load_config
@@ -135,6 +135,13 @@ def measure(runs: list[Path], split: str, episodes: int, temperatures: list[floa
                               progress)
         evals[f"base best-of-{best_of_n}"] = best_of(ev, best_of_n, episodes)
 
+    sampled_config = None
+    sampled: dict[str, dict] = {}
+    if samples > 1:  # Mean@k and Pass@k: k sampled episodes per task for the base and every ES run
+        sampled_config = test.model_copy(deep=True)
+        sampled_config.sampling.temperature, sampled_config.eval.repeats = best_of_temperature, samples
+        sampled["base"] = _evaluate_cached(cache, f"base-{split}-T{best_of_temperature:g}-x{samples}", policy,
+                                           sampled_config, make, progress)
     norms = {}
     for run in runs:
         records = read_history(run / "history.jsonl")
@@ -154,9 +161,34 @@ def measure(runs: list[Path], split: str, episodes: int, temperatures: list[floa
             norms[name] = _step_norm(policy, base_state)
             evals[name] = _evaluate_cached(cache, f"{name}-{split}", policy, run_config, make, progress)
             evals[name]["generations"] = len(recs)
+            if sampled_config is not None and kind == "es":
+                sampled_run = sampled_config.model_copy(deep=True)
+                sampled_run.env.system_prompt = run_config.env.system_prompt
+                sampled[name] = _evaluate_cached(cache, f"{name}-{split}-T{best_of_temperature:g}-x{samples}", policy,
+                                                 sampled_run, make, progress)
     return {"runs": [str(r) for r in runs], "split": split, "episodes": episodes, "config": test.model_dump(mode="json"),
             "best_temperature": best_t, "validation": {str(k): v for k, v in val_scores.items()},
-            "validation_episodes": validation_episodes, "evals": evals, "norms": norms}
+            "validation_episodes": validation_episodes, "evals": evals, "norms": norms,
+            "samples": samples, "sample_temperature": best_of_temperature, "sampled": sampled}
+
+
+def sampled_rows(result: dict) -> list[dict]:
+    """Mean@k and Pass@k (k = all samples of a task) per model, each paired with the base over tasks."""
+    from esopt.utils.stats import paired_difference
+
+    sampled, k, n = result.get("sampled") or {}, result.get("samples", 0), result["episodes"]
+    if "base" not in sampled:
+        return []
+    base, base_pass = sampled["base"], best_of(sampled["base"], k, n)
+    out = []
+    for name, ev in sampled.items():
+        passed = best_of(ev, k, n)
+        out.append({"name": name, "mean_at_k": ev["success_rate"], "pass_at_k": passed["success_rate"],
+                    "d_mean": list(paired_difference(base["episode_success"], ev["episode_success"], n)[:3]),
+                    "d_pass": list(paired_difference(base_pass["episode_success"], passed["episode_success"], n)[:3]),
+                    "shaped_mean": ev["shaped_reward"],
+                    "d_shaped_mean": list(paired_difference(base["episode_shaped"], ev["episode_shaped"], n)[:3])})
+    return out
 
 
 def rows(result: dict) -> list[dict]:
@@ -208,6 +240,17 @@ def report(result: dict) -> str:
             v = r["vs_random"]
             lines.append(f"| {r['name']} | {fmt_change(v['d_success'])} | {v['mcnemar_p']:.3g} | "
                          f"{fmt_change(v['d_shaped'])} |")
+    if result.get("sampled"):
+        k, temp = result["samples"], result["sample_temperature"]
+        lines += ["", f"Test-time sampling: {k} episodes per task at T={temp:g}, the same tasks and sampling seeds for "
+                  f"every model. Mean@{k}: success over all samples; Pass@{k}: a task counts if any sample succeeds "
+                  "(the env's verifier as best-of-k). Changes against the base: paired bootstrap 95% interval over "
+                  "tasks.", "",
+                  f"| model | Mean@{k} | change [95% CI] | Pass@{k} | change [95% CI] | shaped Mean@{k} | change [95% CI] |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sampled_rows(result):
+            lines.append(f"| {r['name']} | {r['mean_at_k']:.3f} | {fmt_change(r['d_mean'])} | {r['pass_at_k']:.3f} | "
+                         f"{fmt_change(r['d_pass'])} | {r['shaped_mean']:.3f} | {fmt_change(r['d_shaped_mean'])} |")
     if result["validation"]:
         scores = ", ".join(f"T={t}: {s[0]:.3f}" for t, s in result["validation"].items())
         lines += ["", f"Base temperature chosen on {result['validation_episodes']} validation episodes (success): "
@@ -229,7 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate only the base and the random-step controls (to run beside a --no-controls process)")
     p.add_argument("--best-of", type=int, default=0, metavar="N",
                    help="also the base with test-time compute: best of N sampled episodes per task (env verifier)")
-    p.add_argument("--best-of-temperature", type=float, default=0.7)
+    p.add_argument("--best-of-temperature", type=float, default=0.7,
+                   help="sampling temperature of --best-of and --samples")
+    p.add_argument("--samples", type=int, default=0, metavar="K",
+                   help="also Mean@K and Pass@K: K sampled episodes per task for the base and each ES run")
     add_analysis_options(p, "OUT/gain.md, OUT/gain.json and OUT/gain_evals/")
     return p
 
@@ -246,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.runs, args.split, args.episodes, [] if args.controls_only else args.temperatures,
                      args.validation_episodes, not args.no_controls, out, progress=not args.quiet,
                      es_runs=not args.controls_only, best_of_n=args.best_of,
-                     best_of_temperature=args.best_of_temperature)
-    write_report(args.out, "gain", report(result), {**result, "rows": rows(result)})
+                     best_of_temperature=args.best_of_temperature, samples=args.samples)
+    write_report(args.out, "gain", report(result), {**result, "rows": rows(result), "sampled_rows": sampled_rows(result)})
     return 0
 
 

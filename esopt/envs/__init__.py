@@ -17,10 +17,15 @@ from esopt.envs.base import AgentEnv, EnvContractError, check_env
 from esopt.envs.sudoku import SudokuEnv
 
 SUDOKU_ID = "esopt/Sudoku-v0"
-ENV_IDS: list[str] = [SUDOKU_ID]
+MATH_ID = "esopt/MathTool-v0"
+DOCQA_ID = "esopt/DocQA-v0"
+ENTRY_POINTS = {SUDOKU_ID: "esopt.envs.sudoku:SudokuEnv", MATH_ID: "esopt.envs.math_tools:MathToolEnv",
+                DOCQA_ID: "esopt.envs.docqa:DocQAEnv"}
+ENV_IDS: list[str] = list(ENTRY_POINTS)
 
-if SUDOKU_ID not in gymnasium.registry:  # re-import safe (no "overriding environment" warning)
-    gymnasium.register(SUDOKU_ID, entry_point="esopt.envs.sudoku:SudokuEnv")
+for _id, _entry in ENTRY_POINTS.items():
+    if _id not in gymnasium.registry:  # re-import safe (no "overriding environment" warning)
+        gymnasium.register(_id, entry_point=_entry)
 
 
 def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
@@ -38,4 +43,4 @@ def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
         raise ValueError(f"env {env_id}: {what} (env kwargs given: {sorted(kwargs)})") from None
 
 
-__all__ = ["ENV_IDS", "SUDOKU_ID", "AgentEnv", "EnvContractError", "SudokuEnv", "check_env", "make_env"]
+__all__ = ["DOCQA_ID", "ENV_IDS", "MATH_ID", "SUDOKU_ID", "AgentEnv", "EnvContractError", "SudokuEnv", "check_env", "make_env"]

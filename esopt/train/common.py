@@ -112,7 +112,8 @@ def rollout(policy: HFPolicy, config: BaseTrainConfig, make: Callable, task_seed
                         conversation=config.env.conversation,
                         system_prompt=config.env.system_prompt if system_prompt is None else system_prompt,
                         max_batch_size=config.max_batch_size, examples=few_shot_examples(config, make),
-                        max_prompt_tokens=config.env.max_prompt_tokens, on_batch=on_batch)
+                        max_prompt_tokens=config.env.max_prompt_tokens, on_batch=on_batch,
+                        max_episode_tokens=config.env.max_episode_tokens)
 
 
 def evaluate(policy: HFPolicy, config: BaseTrainConfig, make: Callable, seed_offset: int = 0) -> dict:

@@ -55,6 +55,8 @@ class EnvSection(Section):
     few_shot: int = Field(0, ge=0, description="worked (observation, action) exchanges from the env shown as chat turns")
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="history mode: context budget; the oldest exchanges are dropped to fit it")
+    max_episode_tokens: int | None = Field(
+        None, ge=1, description="token budget: an episode is truncated once it has generated this many tokens")
 
 
 class SamplingSection(Section):
@@ -250,7 +252,11 @@ def build_config(data: dict | None = None, overrides: list[str] | None = None) -
     if algo not in CONFIG_CLASSES:
         raise ConfigError(f"config error: algo: unknown algorithm {algo!r}; choose one of {sorted(CONFIG_CLASSES)}")
     cls = CONFIG_CLASSES[algo]
-    merged = _deep_merge(cls().model_dump(), data)
+    defaults = cls().model_dump()
+    env_id = dict(parsed).get("env.id", (data.get("env") or {}).get("id"))
+    if env_id is not None and env_id != defaults["env"]["id"]:
+        defaults["env"]["kwargs"] = {}  # the default kwargs are Sudoku's; another env starts from its own
+    merged = _deep_merge(defaults, data)
     for key, value in parsed:
         _set_dotted(merged, key, value)
     try:

@@ -1,0 +1,325 @@
+"""ReAct tool use: the call protocol, the Python sandbox, answer checking, the math and document-QA envs,
+scripted oracle policies through the tools, and ES training on both envs from their smoke configs."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from esopt.envs import DOCQA_ID, MATH_ID, check_env, make_env
+from esopt.envs.docqa import ocr_lines, page_lines, parse_amount
+from esopt.envs.tools import Answer, Malformed, Tool, ToolCall, make_tool, parse_turn, run_python
+from esopt.envs.tools.answers import anls, exact_match, math_equal
+from esopt.policies.base import Completion, SamplingParams
+from esopt.rollout import run_episodes
+
+SUM = Tool("add", "add two numbers", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}},
+                                      "required": ["a", "b"]}, lambda a, b: str(a + b))
+ECHO = Tool("echo", "echo text", {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+            lambda text: text)
+TOOLS = {"add": SUM, "echo": ECHO}
+
+
+# -- protocol
+@pytest.mark.parametrize("text, expected", [
+    ("Thought: hi\n<echo>hello world</echo>", ToolCall("echo", {"text": "hello world"})),
+    ("<echo>cut by a stop string", ToolCall("echo", {"text": "cut by a stop string"})),
+    ('<add>{"a": 2, "b": 3.5}</add>', ToolCall("add", {"a": 2, "b": 3.5})),
+    ("<add>2, 3.5</add>", ToolCall("add", {"a": 2, "b": 3.5})),
+    ('<tool_call>{"name": "add", "arguments": {"a": "4", "b": 1}}</tool_call>', ToolCall("add", {"a": 4, "b": 1.0})),
+    ("Thought: done\n<answer> 42 </answer>", Answer("42")),
+    ('<tool_call>{"name": "answer", "arguments": {"answer": 7}}</tool_call>', Answer("7")),
+    ("<answer>1</answer> then <echo>x</echo>", Answer("1")),  # the first of call or answer counts
+    ("<b>bold</b> <echo>x</echo>", ToolCall("echo", {"text": "x"})),  # unknown tags are prose
+])
+def test_parse_turn_reads_calls_and_answers(text, expected):
+    assert parse_turn(text, TOOLS) == expected
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("just prose", "no tool call or answer"),
+    ("<answer>   </answer>", "answer is empty"),
+    ("<add>1, 2, 3</add>", "takes 2 inputs"),
+    ("<add>one, 2</add>", "'a' must be an integer"),
+    ("<add>2.5, 1</add>", "'a' must be an integer"),
+    ('<add>{"a": 1}</add>', "missing input 'b'"),
+    ('<add>{"a": 1, "b": 2, "c": 3}</add>', "unknown input 'c'"),
+    ("<tool_call>{not json</tool_call>", "JSON object"),
+    ('<tool_call>{"name": "rm"}</tool_call>', "unknown tool 'rm'"),
+])
+def test_parse_turn_explains_malformed_calls(text, reason):
+    parsed = parse_turn(text, TOOLS)
+    assert isinstance(parsed, Malformed) and reason in parsed.reason
+
+
+FRAGMENTS = ["<echo>", "</echo>", "<add>", "</add>", "<answer>", "</answer>", "<tool_call>", "</tool_call>", "{", "}",
+             '"name"', '"arguments"', ":", ",", "1", "-2.5e9", "nan", "\x00", "\n", "é", "'", '"', "[", "]", "null"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=20))
+def test_fuzzed_replies_never_crash_the_parser_or_the_env(parts):
+    text = "".join(parts)
+    parsed = parse_turn(text, TOOLS)
+    assert isinstance(parsed, (ToolCall, Answer, Malformed))
+    if isinstance(parsed, ToolCall):
+        assert set(parsed.arguments) <= set(TOOLS[parsed.name].parameters)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["<ocr>", "</ocr>", "<read>", "<find>", "x", "1, 2", "-5", "99", "{", '"page"', ":"]),
+                max_size=10))
+def test_fuzzed_replies_to_docqa_get_feedback(parts):
+    env = make_env(DOCQA_ID, max_items=3)
+    env.reset(seed=3)
+    obs, reward, terminated, truncated, info = env.step("".join(parts))  # unreadable pages never raise
+    assert isinstance(obs, str) and info["action_is_valid"] in (True, False)
+
+
+# -- sandbox: each hazard is contained, and the host carries on
+def test_python_tool_runs_code_and_reports_errors():
+    python = make_tool("python", timeout=5)
+    assert python.run(code="print(sum(range(10)))") == "45"
+    assert python.run(code="1/0").splitlines()[-1] == "ZeroDivisionError: division by zero"
+    assert "no output" in python.run(code="x = 1")
+    long = make_tool("python", max_output_bytes=100).run(code="print('y' * 5000)")
+    assert len(long) <= 100 and "truncated" in long
+
+
+def test_sandbox_stops_an_infinite_loop():
+    r = run_python("while True: pass", timeout=10, cpu_seconds=1)
+    assert r.returncode != 0 and "time limit" in r.observation(500) and r.seconds < 9
+
+
+def test_sandbox_stops_a_sleeper_at_the_wall_clock():
+    r = run_python("import time; time.sleep(60)", timeout=1)
+    assert r.timed_out and "wall-clock" in r.observation(500)
+
+
+def test_sandbox_contains_a_memory_bomb():
+    r = run_python("a = []\nwhile True: a.append(' ' * 10**7)", timeout=10, memory_mb=256)
+    assert r.returncode != 0 and "MemoryError" in r.observation(500)
+
+
+def test_sandbox_contains_a_fork_bomb():
+    r = run_python("import os\nwhile True: os.fork()", timeout=5)
+    assert r.returncode != 0 and "not allowed" in r.observation(500)
+    r = run_python("import subprocess; subprocess.run(['true'])", timeout=5)
+    assert "not allowed" in r.observation(500)
+
+
+def test_sandbox_refuses_writes_outside_its_directory(tmp_path):
+    target = tmp_path / "escaped.txt"
+    r = run_python(f"open({str(target)!r}, 'w').write('x')", timeout=5)
+    assert "not allowed" in r.observation(500) or "outside" in r.observation(500)
+    assert not target.exists()
+    assert run_python("open('inside.txt', 'w').write('ok'); print(open('inside.txt').read())").stdout.strip() == "ok"
+
+
+def test_sandbox_has_no_network():
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        r = run_python(f"import socket; s = socket.socket(); s.connect(('127.0.0.1', {port})); print('connected')",
+                       timeout=5)
+        assert "connected" not in r.stdout and r.returncode != 0
+    finally:
+        server.close()
+
+
+def test_sandbox_cannot_read_the_parents_environment(monkeypatch):
+    monkeypatch.setenv("ESOPT_TEST_SECRET", "hunter2")
+    r = run_python("import os\nprint(dict(os.environ))\nprint(open(f'/proc/{os.getppid()}/environ').read())",
+                   timeout=5)
+    assert "hunter2" not in r.stdout + r.stderr
+    assert "ESOPT_TEST_SECRET" not in r.stdout
+    assert run_python("print(6 * 7)").stdout.strip() == "42"  # the host is fine afterwards
+
+
+# -- answers
+@pytest.mark.parametrize("answer, gold, same", [
+    ("42", "42", True), ("42.0", "42", True), ("3/4", "0.75", True), (r"\frac{3}{4}", "0.75", True),
+    (r"\boxed{12}", "12", True), ("1,234", "1234", True), ("x = 5", "5", True), ("288 apples", "288", True),
+    ("-4", "−4", True), ("1e3", "1000", True), ("2*sqrt(2)", "sqrt(8)", True), ("6.32098837209", "6.320988372093023", True),
+    ("0.3333", "1/3", False), ("8 - 4", "4", False), ("4", "-4", False), ("", "0", False), ("9^9^9^9", "1", False),
+    ("__import__('os').system('true')", "0", False), ("abc", "12", False),
+])
+def test_math_answer_checking(answer, gold, same):
+    assert math_equal(answer, gold) is same
+
+
+def test_anls_and_exact_match():
+    assert anls("ACME corp.", "Acme Corp") == 1.0 and exact_match(" acme corp ", ["Acme Corp"])
+    assert anls("Acme Cop", "Acme Corp") == pytest.approx(1 - 1 / 9)
+    assert anls("xyz", "Acme") == 0.0  # similarity under the 0.5 threshold scores 0
+    assert anls("Notebook", ["Stapler", "Notebook"]) == 1.0 and not exact_match("Notebook!x", "Notebook")
+
+
+# -- envs
+@pytest.mark.parametrize("env_id", [MATH_ID, DOCQA_ID])
+def test_tool_envs_keep_the_env_contract(env_id):
+    env = make_env(env_id)
+    check_env(env)
+    assert env.reset(seed=9)[0] == env.reset(seed=9)[0]
+
+
+def test_math_env_tasks_from_jsonl(tmp_path):
+    data = tmp_path / "aime.jsonl"
+    data.write_text('{"question": "What is 2+2?", "answer": 4}\n\n{"question": "Half of 1?", "answer": "1/2"}\n')
+    env = make_env(MATH_ID, data_file=str(data))
+    obs, _ = env.reset(seed=1)
+    assert "Half of 1?" in obs
+    assert env.step("<answer>0.5</answer>")[1] == 1.0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        make_env(MATH_ID, data_file=str(bad))
+    with pytest.raises(ValueError, match="unknown reasoning-gym task"):
+        make_env(MATH_ID, tasks=["no_such_task"])
+
+
+def test_math_env_turn_budget_and_feedback():
+    env = make_env(MATH_ID, max_turns=2)
+    env.reset(seed=4)
+    obs, reward, terminated, truncated, info = env.step("I think it is big")
+    assert not info["action_is_valid"] and "invalid reply" in obs and "last turn" in obs and not truncated
+    obs, reward, terminated, truncated, info = env.step("<python>print(1)</python>")
+    assert truncated and not terminated and reward == 0.0 and "Out of turns" in obs
+
+
+def test_ocr_reads_the_rendered_page_back():
+    from esopt.envs.docqa import make_document
+
+    doc = make_document(5)
+    truth = [x for x in page_lines(doc, 1) if x]
+    read = ocr_lines(5, 8, 1)
+    assert len(read) == len(truth)
+    assert sum(anls(a, b) for a, b in zip(read, truth)) / len(truth) > 0.9
+
+
+def test_docqa_tools_on_hand_cases():
+    env = make_env(DOCQA_ID)
+    env.reset(seed=5)
+    doc = env.unwrapped.document
+    number = dict(doc.fields)["Number"]
+    obs = env.step("<find>number</find>")[0]
+    assert re.search(rf"page 1 line 2: Number: {number}", obs)
+    assert env.step("<read>1, 2, 3</read>")[0].startswith("Observation: 2: Number:")
+    assert "does not exist" in env.step("<ocr>7</ocr>")[0]
+    assert "no line contains" in env.step('<find>{"text": "zebra crossing"}</find>')[0]
+
+
+class OraclePolicy:
+    """Scripted: reads the question and the tools' observations in the prompt, and solves the task through
+    the tools (never from the env's internals)."""
+
+    model = None
+    tokenizer = None
+
+    def build_prompt(self, messages):
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in messages)
+
+    def generate(self, prompts, sampling, seed=None, return_logprobs=False):
+        return [Completion(prompt_ids=[1], token_ids=[1, 2], text=self.act(p.rsplit("[system]", 1)[-1]))
+                for p in prompts]
+
+    def act(self, prompt: str) -> str:
+        episode = prompt.split("[user] ")[-(prompt.count("[user] ") - self.examples):]  # this episode only
+        question = episode[0]
+        observations = [m for m in episode[1:]]
+        if "Calculate" in question:  # math: compute with Python, then answer what it printed
+            if not observations:
+                expr = re.search(r"Calculate (.*)\.", question).group(1)
+                return f"Thought: compute.\n<python>print({expr})</python>"
+            return f"<answer>{observations[-1].split('Observation: ')[1].split()[0]}</answer>"
+        ask = re.search(r"Question: (.*)", question).group(1)
+        if m := re.match(r"What is the (\w+) on", ask):
+            if not observations:
+                return f"<find>{m.group(1)}</find>"
+            return f"<answer>{observations[-1].split(':', 3)[-1].strip().splitlines()[0]}</answer>"
+        a, b = (re.search(r"amounts of (.+) and (.+)\?", ask) or re.search(r"amount: (.+) or (.+)\?", ask)).groups()
+        if len(observations) < 2:
+            return f"<find>{(a, b)[len(observations)]}</find>"
+        amounts = [parse_amount(o.splitlines()[0]) for o in observations[-2:]]
+        if ask.startswith("What is the sum"):
+            return f"<answer>{amounts[0] + amounts[1]:,.2f}</answer>"
+        return f"<answer>{a if amounts[0] > amounts[1] else b}</answer>"
+
+
+@pytest.mark.parametrize("env_id, kwargs", [(MATH_ID, {"tasks": ["basic_arithmetic"]}), (DOCQA_ID, {"max_items": 6})])
+def test_a_scripted_oracle_succeeds_through_the_tools(env_id, kwargs):
+    policy = OraclePolicy()
+    policy.examples = 0
+    trajectories, _ = run_episodes(policy, lambda: make_env(env_id, **kwargs), list(range(12)),
+                                   SamplingParams(0.0, 1.0, 0, 32), conversation="history")
+    assert all(t.success for t in trajectories), [t.turns[-1].text for t in trajectories if not t.success]
+    assert all(t.turns[0].info["tool"] for t in trajectories)  # every answer went through a tool
+
+
+def test_tool_calls_of_a_batch_run_concurrently():
+    """A slow tool in several episodes at once: the rollout engine steps them in threads."""
+    live, peak, lock = [0], [0], threading.Lock()
+
+    def slow(text: str) -> str:
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.2)
+        with lock:
+            live[0] -= 1
+        return text
+
+    def make():
+        env = make_env(MATH_ID)
+        env.unwrapped.tools = {"echo": Tool("echo", "echo", ECHO.schema, slow)}
+        return env
+
+    class CallEcho(OraclePolicy):
+        def generate(self, prompts, sampling, seed=None, return_logprobs=False):
+            return [Completion(prompt_ids=[1], token_ids=[1], text="<echo>hi</echo>") for _ in prompts]
+
+    run_episodes(CallEcho(), make, list(range(6)), SamplingParams(0.0, 1.0, 0, 8), max_turns=1)
+    assert peak[0] > 1
+
+
+def test_episode_token_budget_truncates():
+    class Chatty(OraclePolicy):
+        def generate(self, prompts, sampling, seed=None, return_logprobs=False):
+            return [Completion(prompt_ids=[1], token_ids=[1] * 10, text="<python>print(1)</python>") for _ in prompts]
+
+    trajectories, _ = run_episodes(Chatty(), lambda: make_env(MATH_ID, max_turns=6), [1, 2],
+                                   SamplingParams(0.0, 1.0, 0, 8), max_episode_tokens=25)
+    assert [t.num_turns for t in trajectories] == [3, 3] and all(t.turns[-1].truncated for t in trajectories)
+
+
+def test_config_of_another_env_does_not_inherit_sudoku_kwargs():
+    from esopt.train.config import load_config
+
+    assert load_config("smollm2_math").env.kwargs["max_turns"] == 4
+    assert "size" not in load_config("smollm2_docqa").env.kwargs
+
+
+# -- ES on both envs, from the shipped smoke configs
+@pytest.mark.parametrize("config", ["math_smoke", "docqa_smoke"])
+def test_es_trains_on_the_tool_envs(config, tmp_path):
+    import json
+
+    from esopt.train.config import load_config
+    from esopt.train.es import train
+
+    summary = train(load_config(config), tmp_path / "run", progress=False)
+    ledger = [json.loads(x) for x in Path(tmp_path / "run" / "history.jsonl").read_text().splitlines()]
+    assert len(ledger) == 2 and summary is not None
+    assert (tmp_path / "run" / "final").is_dir()
+    assert os.path.exists(tmp_path / "run" / "config.yaml")
