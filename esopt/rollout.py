@@ -15,6 +15,7 @@ Generated token ids are kept exactly as produced (the RL baselines need them for
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -276,6 +277,10 @@ def run_episodes(
             envs.append(env)
             system = resolve_system_prompt(env, system_prompt)
             episodes.append(_Episode(env, int(task_seed), system, conversation, examples))
+        if envs:  # the env's own stop strings (a ReAct turn ends at its call), after the caller's
+            extra = [x for x in getattr(envs[0].unwrapped, "stop_strings", ()) if x not in sampling.stop]
+            if extra:
+                sampling = dataclasses.replace(sampling, stop=(*sampling.stop, *extra))
         if progress:
             from esopt.utils.progress import progress_bar
 

@@ -89,10 +89,11 @@ def test_env_does_not_touch_global_rng(env_id):
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_observations_in_space_and_render(env_id):
     env = gym.make(env_id, render_mode="ansi", **small(env_id))
+    obs = None
     for step in rollout(env, seed=1, steps=60):
         obs = step[0] if len(step) == 2 else step[1]
         assert obs in env.observation_space and obs.isascii()
-    assert env.render() == env.unwrapped._obs()
+    assert env.render() == obs  # ansi: the current observation
 
 
 def test_sudoku_observation_sizes():

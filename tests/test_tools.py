@@ -293,6 +293,18 @@ def test_tool_calls_of_a_batch_run_concurrently():
     assert peak[0] > 1
 
 
+def test_the_env_stop_strings_reach_the_policy():
+    seen = []
+
+    class Recorder(OraclePolicy):
+        def generate(self, prompts, sampling, seed=None, return_logprobs=False):
+            seen.append(sampling.stop)
+            return [Completion(prompt_ids=[1], token_ids=[1], text="<answer>1</answer>") for _ in prompts]
+
+    run_episodes(Recorder(), lambda: make_env(DOCQA_ID), [1], SamplingParams(0.0, 1.0, 0, 8, stop=("STOP",)))
+    assert seen == [("STOP", "</ocr>", "</find>", "</read>", "</answer>", "</tool_call>")]
+
+
 def test_episode_token_budget_truncates():
     class Chatty(OraclePolicy):
         def generate(self, prompts, sampling, seed=None, return_logprobs=False):

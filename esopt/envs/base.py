@@ -8,7 +8,9 @@ info)`, `step(action) -> (obs, reward, terminated, truncated, info)`) plus:
   the env accepted the action; model output is untrusted, so any text must be accepted as input);
 - optional info keys, used when present: `shaped_reward` (float, the running dense score that
   `reward: shaped` trains on), `action_is_correct` (bool), `feedback` (str);
-- optionally `worked_examples(count, seed) -> [(observation, action)]` for few-shot prompts.
+- optionally `worked_examples(count, seed) -> [(observation, action)]` for few-shot prompts;
+- optionally `stop_strings: list[str]`, strings that end the model's turn (a ReAct tool call's closing tag);
+  the rollout engine adds them to the sampling's own `stop`.
 
 `check_env` verifies all of it on a live env; the test suite runs it over every registered id.
 """

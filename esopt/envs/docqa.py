@@ -159,7 +159,8 @@ class DocQAEnv(ToolEnv):
         self.max_items, self.question_kinds = max_items, tuple(questions)
         self.document: Document | None = None
         self.question: Question | None = None
-        super().__init__(max_turns=max_turns, call_format=call_format, observation_chars=observation_chars)
+        super().__init__(max_turns=max_turns, call_format=call_format, observation_chars=observation_chars,
+                         render_mode=render_mode)
 
     def _make_tools(self) -> dict[str, Tool]:
         page = {"type": "integer", "description": "page number, from 1"}

@@ -74,7 +74,8 @@ class MathToolEnv(ToolEnv):
             if not self.task_names or unknown:
                 raise ValueError(f"unknown reasoning-gym task {unknown[0] if unknown else None!r}; "
                                  f"e.g. basic_arithmetic, simple_equations, gsm_symbolic, fraction_simplification")
-        super().__init__(max_turns=max_turns, call_format=call_format, observation_chars=observation_chars)
+        super().__init__(max_turns=max_turns, call_format=call_format, observation_chars=observation_chars,
+                         render_mode=render_mode)
 
     def _make_tools(self) -> dict[str, Tool]:
         return {"python": make_tool("python", timeout=self.python_timeout, cpu_seconds=max(1, int(self.python_timeout)))}

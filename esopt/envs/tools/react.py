@@ -24,6 +24,7 @@ from esopt.envs.tools.protocol import (
     ToolCall,
     describe_tools,
     parse_turn,
+    stop_strings,
 )
 
 MAX_ACTION_CHARS = 20_000
@@ -36,11 +37,16 @@ def printable(text: str) -> str:
 
 
 class ToolEnv(AgentEnv):
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
     concurrent_steps = True
     task_intro = "Solve the task with the tools."
 
-    def __init__(self, max_turns: int = 6, call_format: str = "tagged", observation_chars: int = 800) -> None:
+    def __init__(self, max_turns: int = 6, call_format: str = "tagged", observation_chars: int = 800,
+                 render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.render_mode = render_mode
+        self._last_observation = ""
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
         if call_format not in CALL_FORMATS:
@@ -52,6 +58,7 @@ class ToolEnv(AgentEnv):
         self.observation_space = ascii_text_space(max(observation_chars, 4000) + 200)
         self.tools: dict[str, Tool] = self._make_tools()
         self.instructions = f"{self.task_intro}\n{describe_tools(self.tools, call_format)}"
+        self.stop_strings = stop_strings(self.tools)
         self._turn = 0
         self._done = True
         self._task: Any = None
@@ -122,4 +129,8 @@ class ToolEnv(AgentEnv):
     def _observation(self, text: str) -> str:
         # no running turn count: small models copy it into their answers; only the last turn is announced
         last = self.max_turns - self._turn == 1 and not self._done
-        return printable(f"{text}\n(last turn: give your answer)" if last else text)
+        self._last_observation = printable(f"{text}\n(last turn: give your answer)" if last else text)
+        return self._last_observation
+
+    def render(self) -> str | None:
+        return self._last_observation if self.render_mode == "ansi" else None
