@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from esopt.envs.tools import make_tool
-from esopt.envs.tools.answers import math_equal
+from esopt.envs.tools.answers import math_equal, normalize_math, to_number
 from esopt.envs.tools.protocol import Tool
 from esopt.envs.tools.react import ToolEnv
 
@@ -96,6 +96,10 @@ class MathToolEnv(ToolEnv):
     def _grade(self, answer: str) -> tuple[bool, float]:
         correct = math_equal(answer, self._task["answer"])
         return correct, float(correct)
+
+    def _answer_key(self, answer: str) -> str:
+        value = to_number(answer)
+        return str(value) if value is not None else normalize_math(answer)
 
     @property
     def gold_answer(self) -> str:

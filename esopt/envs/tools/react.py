@@ -79,6 +79,10 @@ class ToolEnv(AgentEnv):
         """(exactly right, shaped score in [0, 1]) of a final answer to the current task."""
         raise NotImplementedError
 
+    def _answer_key(self, answer: str) -> str:
+        """The answer in a canonical form, so that equal answers vote together."""
+        return " ".join(answer.split()).lower()
+
     # -- gymnasium API
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
@@ -115,6 +119,7 @@ class ToolEnv(AgentEnv):
                 "feedback": observation[:200], "tool": tool, "tool_calls": self.tool_calls}
         if terminated:
             info["action_is_correct"] = self._success
+            info["answer"] = self._answer_key(parsed.text)  # what majority voting compares
         return self._observation(observation), reward, terminated, truncated, info
 
     def _run(self, tool: Tool, arguments: dict[str, Any]) -> str:
