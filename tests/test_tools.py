@@ -52,6 +52,9 @@ def test_parse_turn_reads_calls_and_answers(text, expected):
     ('<add>{"a": 1}</add>', "missing input 'b'"),
     ('<add>{"a": 1, "b": 2, "c": 3}</add>', "unknown input 'c'"),
     ("<tool_call>{not json</tool_call>", "JSON object"),
+    ('<add>{"a": ' + "[" * 5000 + "</add>", "not valid JSON"),
+    ('<add>{"a": ' + "9" * 5000 + ', "b": 1}</add>', "not valid JSON"),
+    ('<tool_call>{"name": "add", "arguments": {"a": ' + "9" * 5000 + "}}", "JSON object"),
     ('<tool_call>{"name": "rm"}</tool_call>', "unknown tool 'rm'"),
 ])
 def test_parse_turn_explains_malformed_calls(text, reason):
@@ -123,6 +126,19 @@ def test_sandbox_refuses_writes_outside_its_directory(tmp_path):
     assert run_python("open('inside.txt', 'w').write('ok'); print(open('inside.txt').read())").stdout.strip() == "ok"
 
 
+def test_sandbox_keeps_code_in_its_directory():
+    escapes = {
+        "chdir": "import os; os.chdir('/'); open('x', 'w')",
+        "dir fd": "import os; fd = os.open('/proc', 0); os.open(f'{os.getppid()}/environ', 0, dir_fd=fd)",
+        "relative to a deeper fd": ("import os; os.makedirs('a/b'); fd = os.open('a/b', 0)\n"
+                                    "open('../../../x', 'w', opener=lambda p, f: os.open(p, f, dir_fd=fd))"),
+        "private fork_exec": "import subprocess; subprocess._fork_exec(*([None] * 23))",
+    }
+    for what, code in escapes.items():
+        r = run_python(code, timeout=5)
+        assert r.returncode != 0 and "PermissionError: sandbox" in r.observation(500), what
+
+
 def test_sandbox_has_no_network():
     import socket
 
@@ -154,6 +170,9 @@ def test_sandbox_cannot_read_the_parents_environment(monkeypatch):
     ("-4", "−4", True), ("1e3", "1000", True), ("2*sqrt(2)", "sqrt(8)", True), ("6.32098837209", "6.320988372093023", True),
     ("0.3333", "1/3", False), ("8 - 4", "4", False), ("4", "-4", False), ("", "0", False), ("9^9^9^9", "1", False),
     ("__import__('os').system('true')", "0", False), ("abc", "12", False),
+    ("3pi", "3", False), ("2 thousand", "2", False), (r"-\frac{3}{4}", "-0.75", True), (r"x = -\frac{1}{2}", "-1/2", True),
+    (r"2\sqrt{2}", "2*sqrt(2)", True), ("2sqrt(2)", "2*sqrt(2)", True),
+    ("9^9^9", "1", False), ("2^(10^20)", "1", False), ("9^((99999999))", "1", False), ("1e99999999", "1", False),
 ])
 def test_math_answer_checking(answer, gold, same):
     assert math_equal(answer, gold) is same

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -107,9 +108,18 @@ def render_page(doc: Document, page: int):
     return image
 
 
-@functools.lru_cache(maxsize=4096)
+_OCR_LOCKS = [threading.Lock() for _ in range(64)]  # one page's concurrent readers wait for one OCR run
+
+
 def ocr_lines(seed: int, max_items: int, page: int) -> tuple[str, ...]:
-    """Tesseract's lines of one page (cached: documents are pure functions of their seed)."""
+    """Tesseract's lines of one page. Cached (documents are pure functions of their seed), and the members of a
+    population that ask for the same page at the same time share one run."""
+    with _OCR_LOCKS[hash((seed, max_items, page)) % len(_OCR_LOCKS)]:
+        return _ocr_lines(seed, max_items, page)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ocr_lines(seed: int, max_items: int, page: int) -> tuple[str, ...]:
     import pytesseract
 
     text = pytesseract.image_to_string(render_page(make_document(seed, max_items), page), config="--psm 6",

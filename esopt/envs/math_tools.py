@@ -99,7 +99,10 @@ class MathToolEnv(ToolEnv):
 
     def _answer_key(self, answer: str) -> str:
         value = to_number(answer)
-        return str(value) if value is not None else normalize_math(answer)
+        try:
+            return str(value) if value is not None else normalize_math(answer)
+        except ValueError:  # an integer too long to print
+            return normalize_math(answer)
 
     @property
     def gold_answer(self) -> str:

@@ -1,9 +1,11 @@
 """Answer checking: math answers compared as numbers or simple expressions (sympy), document answers by ANLS
 and exact match.
 
-Model output is untrusted: nothing here evaluates it as Python. A math answer is reduced to a small
-expression language (numbers, + - * / ^, parentheses, sqrt, pi) by a whitelist before sympy parses it, with
-length and exponent caps, so `9^9^9^9` or `__import__` never reach the parser.
+Model output is untrusted: nothing here evaluates it as Python, and nothing runs long on it. A math answer is
+reduced to a small expression language (numbers, + - * / ^, parentheses, sqrt, pi) by a whitelist before sympy
+parses it; it is parsed unevaluated first, and evaluated only if it is short, has no nested powers, and every
+power has a base of at most 1e6 and an exponent of at most 64 (`9^9^9`, `2^(10^20)` and `1e99999` are not
+numbers here).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from fractions import Fraction
 MAX_EXPRESSION_CHARS = 80
 NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _WORDS = {"sqrt", "pi"}
+# trailing words that change the value: never dropped as units
+_KEEP_WORDS = {"pi", "sqrt", "hundred", "thousand", "million", "billion", "trillion", "percent", "e", "i"}
+MAX_BASE, MAX_EXPONENT, MAX_E_NOTATION = 1e6, 64, 300
 
 
 def _unwrap_latex(text: str) -> str:
@@ -37,11 +42,11 @@ def normalize_math(text: str) -> str:
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # 1,234 -> 1234
     text = re.sub(r"^\s*(?:the answer is|answer:?|[a-z]\s*=)\s*", "", text, flags=re.I)
     text = text.strip().rstrip(".!;:")
-    lead = re.match(rf"^\s*({NUMBER.pattern}(?:\s*/\s*\d+)?)\s*%?\s*[A-Za-z][A-Za-z\s]*$", text)
-    if lead:  # "288 apples" -> "288"
+    lead = re.match(rf"^\s*({NUMBER.pattern}(?:\s*/\s*\d+)?)\s*%?\s*([A-Za-z][A-Za-z\s]*)$", text)
+    if lead and not set(lead.group(2).lower().split()) & _KEEP_WORDS:  # "288 apples" -> "288", not "3 pi" -> "3"
         text = lead.group(1)
     text = re.sub(r"\s+", "", text).lower()
-    return re.sub(r"^\(([-+]?[\d.]+)\)/\((\d+)\)$", r"\1/\2", text)  # \frac{3}{4} -> 3/4
+    return re.sub(r"^([-+]?)\(([\d.]+)\)/\((\d+)\)$", r"\1\2/\3", text)  # -\frac{3}{4} -> -3/4
 
 
 def to_number(text: str):
@@ -51,27 +56,49 @@ def to_number(text: str):
         return None
     if set(re.findall(r"[a-z]+", NUMBER.sub(" ", s))) - _WORDS:  # only sqrt and pi, besides numbers
         return None
-    s = s.replace("^", "**")
-    for exponent in re.findall(r"\*\*\(?([-+]?[\d.]+)", s):
-        try:
-            if abs(float(exponent)) > 64:
-                return None
-        except ValueError:
+    for literal in NUMBER.findall(s):
+        exponent = literal.lower().partition("e")[2]
+        if exponent and abs(int(exponent)) > MAX_E_NOTATION:
             return None
-    if s.count("**") > 2:
-        return None
     try:
         if NUMBER.fullmatch(s):
             return _sympy().Rational(str(Fraction(s)))
-        from sympy.parsing.sympy_parser import parse_expr
+        from sympy.parsing.sympy_parser import implicit_multiplication, parse_expr, standard_transformations
 
         sp = _sympy()
-        value = parse_expr(s, local_dict={"sqrt": sp.sqrt, "pi": sp.pi},
-                           global_dict={"__builtins__": {}, "Integer": sp.Integer, "Float": sp.Float,
-                                        "Rational": sp.Rational, "Symbol": sp.Symbol}, evaluate=True)
+        names = {"sqrt": sp.sqrt, "pi": sp.pi}
+        scope = {"__builtins__": {}, "Integer": sp.Integer, "Float": sp.Float, "Rational": sp.Rational,
+                 "Symbol": sp.Symbol, "Mul": sp.Mul, "Pow": sp.Pow, "Add": sp.Add}
+        rules = (*standard_transformations, implicit_multiplication)
+        s = s.replace("^", "**")
+        shape = parse_expr(s, local_dict=dict(names), global_dict=dict(scope), transformations=rules, evaluate=False)
+        if not _small_powers(shape):
+            return None
+        value = parse_expr(s, local_dict=dict(names), global_dict=dict(scope), transformations=rules)
     except Exception:  # untrusted text: any parse failure means "not a number"
         return None
     return value if getattr(value, "is_number", False) else None
+
+
+def _small_powers(expr) -> bool:
+    """Whether every power in an unevaluated expression is cheap to evaluate: no power inside a power, a base of
+    at most MAX_BASE and an exponent of at most MAX_EXPONENT (both evaluated only when power-free)."""
+    from sympy import Integer, Pow
+
+    def powers(e) -> list:  # x^-1 is how an unevaluated division is written: not a power here
+        nodes = e.atoms(Pow) | ({e} if isinstance(e, Pow) else set())
+        return [p for p in nodes if p.args[1] != Integer(-1)]
+
+    for node in powers(expr):
+        base, exponent = node.args
+        if powers(base) or powers(exponent):
+            return False
+        try:
+            if abs(complex(exponent.evalf(15))) > MAX_EXPONENT or abs(complex(base.evalf(15))) > MAX_BASE:
+                return False
+        except (TypeError, ValueError):
+            return False
+    return True
 
 
 def is_literal(normalized: str) -> bool:

@@ -104,7 +104,7 @@ def coerce_arguments(tool: Tool, raw: Any) -> dict[str, Any] | Malformed:
         if text.startswith("{"):
             try:
                 raw = json.loads(text)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError, ValueError):
                 if len(names) != 1:
                     return Malformed(f"{tool.name}: the input is not valid JSON")
         if isinstance(raw, str):
@@ -147,6 +147,13 @@ _TAG = re.compile(r"<([a-z][a-z0-9_]*)>")
 
 def parse_turn(text: Any, tools: Mapping[str, Tool]) -> ToolCall | Answer | Malformed:
     """The turn's first tool call or final answer (whichever comes first), else `Malformed`. Never raises."""
+    try:
+        return _parse_turn(text, tools)
+    except (ValueError, RecursionError, TypeError, OverflowError) as e:  # deep JSON, 5000-digit numbers, ...
+        return Malformed(f"unreadable call ({type(e).__name__})")
+
+
+def _parse_turn(text: Any, tools: Mapping[str, Tool]) -> ToolCall | Answer | Malformed:
     if not isinstance(text, str):
         return Malformed("the reply is not text")
     if len(text) > 100_000:
@@ -182,7 +189,7 @@ def _parse_json_call(body: str, tools: Mapping[str, Tool]) -> ToolCall | Answer 
     body = body[: end if end >= 0 else len(body)].strip()
     try:
         call = json.loads(body)
-    except (json.JSONDecodeError, RecursionError):
+    except (json.JSONDecodeError, RecursionError, ValueError):
         return Malformed("<tool_call> must hold a JSON object {\"name\": ..., \"arguments\": {...}}")
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return Malformed("<tool_call> needs a \"name\"")

@@ -7,11 +7,13 @@ Layers, each on its own enough for the common failure and together a defence in 
 - a fresh temporary working directory, deleted afterwards;
 - resource limits: CPU seconds, address space (memory), size of any written file (which also caps the
   output, written to files), open files, and no core dumps;
-- where the kernel allows (root, or unprivileged user namespaces): a new, empty network namespace, and, when
-  running as root, the uid/gid of `nobody`, so process-count limits apply and the host's files are read-only;
+- where the kernel allows (root, or unprivileged user namespaces): a new, empty network namespace;
+- when running as root, and only if the Python installation is readable by everyone: the uid/gid of `nobody`,
+  so process-count limits apply and the host's files are read-only (a pyenv Python under /root is not, so
+  there the child keeps root's uid, and the audit hook below is what keeps it in its directory);
 - a Python audit hook installed before the code runs, which refuses sockets, new processes (fork, exec,
-  spawn, subprocess, os.system), signals to other processes, ctypes loading, writes outside the working
-  directory, and reads of other processes' `/proc` entries.
+  spawn, subprocess, os.system), signals to other processes, ctypes loading, leaving the working directory,
+  writes outside it, opening directories outside it, and reads of other processes' `/proc` entries.
 
 This contains accidents and ordinary model mistakes (infinite loops, memory and fork bombs, stray writes,
 network calls). It is not a boundary against a determined attacker: run untrusted production workloads in
@@ -66,28 +68,37 @@ BLOCKED = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.exec", "os.spa
 PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink", "os.link",
                "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile")
 WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+def resolve(path):
+    # relative paths resolve against ROOT: the working directory never leaves it (chdir is refused) and no
+    # directory outside it can be opened, so no dir_fd points elsewhere and ROOT is the deepest ancestor
+    if isinstance(path, bytes):
+        path = path.decode(errors="replace")
+    return os.path.realpath(os.path.join(ROOT, str(path)))
 def inside(path):
     if isinstance(path, int):
         return True
-    if isinstance(path, bytes):
-        path = path.decode(errors="replace")
-    full = os.path.realpath(os.path.join(ROOT, str(path)))
+    full = resolve(path)
     return full == ROOT or full.startswith(ROOT + os.sep)
 def hook(event, args):
     if event.startswith(BLOCKED):
         raise PermissionError(f"sandbox: {event} is not allowed")
     if event == "import" and args[0] in ("_posixsubprocess", "_ctypes", "_socket"):
         raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
-    if event == "open":
+    if event == "os.chdir":
+        if isinstance(args[0], int) or not inside(args[0]):
+            raise PermissionError("sandbox: the working directory cannot change")
+    elif event == "open":
         path, mode, flags = args
         writes = (mode is not None and any(c in str(mode) for c in "wax+")) or bool((flags or 0) & WRITE)
         if writes and not inside(path):
             raise PermissionError(f"sandbox: writing outside the working directory ({path})")
         if isinstance(path, (str, bytes)):
-            p = os.path.realpath(path if isinstance(path, str) else path.decode(errors="replace"))
-            parts = p.split(os.sep)
-            if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != PID:
+            full = resolve(path)
+            parts = full.split(os.sep)
+            if full == "/proc" or (len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != PID):
                 raise PermissionError("sandbox: other processes are not visible")
+            if not inside(path) and os.path.isdir(full):
+                raise PermissionError("sandbox: directories outside the working directory cannot be opened")
     elif event in PATH_EVENTS:
         for a in args:
             if isinstance(a, (str, bytes)) and not inside(a):
@@ -95,7 +106,7 @@ def hook(event, args):
 import subprocess, _posixsubprocess  # loaded now, so a later import of either raises no audit event...
 def _no_fork_exec(*args, **kwargs):
     raise PermissionError("sandbox: new processes are not allowed")
-_posixsubprocess.fork_exec = _no_fork_exec  # ...and reloading the original would (refused below)
+_posixsubprocess.fork_exec = subprocess._fork_exec = _no_fork_exec  # reloading the original is refused below
 sys.addaudithook(hook)
 del hook
 with open("main.py") as f:
