@@ -167,7 +167,6 @@ class DocQAEnv(ToolEnv):
         if bad or not questions:
             raise ValueError(f"questions must be a non-empty subset of {list(QUESTION_KINDS)}, got {list(questions)!r}")
         self.max_items, self.question_kinds = max_items, tuple(questions)
-        self.document: Document | None = None
         self.question: Question | None = None
         super().__init__(max_turns=max_turns, call_format=call_format, observation_chars=observation_chars,
                          render_mode=render_mode)
@@ -187,17 +186,18 @@ class DocQAEnv(ToolEnv):
         }
 
     def _new_task(self, seed: int, options: Mapping[str, Any] | None) -> tuple[Document, str]:
-        self.document = make_document(seed, self.max_items)
-        self.question = make_question(self.document, seed, self.question_kinds)
-        pages = self.document.pages
-        return self.document, f"Document: {pages} page{'s' if pages > 1 else ''}. Question: {self.question.text}"
+        document = make_document(seed, self.max_items)
+        self.question = make_question(document, seed, self.question_kinds)
+        pages = document.pages
+        return document, f"Document: {pages} page{'s' if pages > 1 else ''}. Question: {self.question.text}"
 
     def _grade(self, answer: str) -> tuple[bool, float]:
         return exact_match(answer, list(self.question.answers)), anls(answer, list(self.question.answers))
 
     @property
-    def gold_answer(self) -> str:
-        return self.question.answers[0]
+    def document(self) -> Document | None:
+        """The current episode's document (the task)."""
+        return self._task
 
     def _lines(self, page: int) -> tuple[str, ...]:
         if not 1 <= page <= self.document.pages:

@@ -104,10 +104,6 @@ class MathToolEnv(ToolEnv):
         except ValueError:  # an integer too long to print
             return normalize_math(answer)
 
-    @property
-    def gold_answer(self) -> str:
-        return self._task["answer"]
-
     def worked_examples(self, count: int, seed: int = 0) -> list[tuple[str, str]]:
         """Demo exchanges: a question answered with one Python call, then the answer after the observation.
         Two exchanges per demo question (the call, then the answer)."""

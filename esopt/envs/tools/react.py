@@ -62,7 +62,6 @@ class ToolEnv(AgentEnv):
         self._turn = 0
         self._done = True
         self._task: Any = None
-        self._question = ""
         self._success = False
         self._score = 0.0
         self.tool_calls = 0
@@ -87,9 +86,9 @@ class ToolEnv(AgentEnv):
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         task_seed = int(self.np_random.integers(2**31)) if seed is None else int(seed)
-        self._task, self._question = self._new_task(task_seed, options)
+        self._task, question = self._new_task(task_seed, options)
         self._turn, self._done, self._success, self._score, self.tool_calls = 0, False, False, 0.0, 0
-        return self._observation(self._question), {"is_success": False, "action_is_valid": True, "feedback": ""}
+        return self._observation(question), {"is_success": False, "action_is_valid": True, "feedback": ""}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._task is None:

@@ -22,6 +22,7 @@ a container or VM.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -199,6 +200,7 @@ def run_python(code: str, *, timeout: float = 5.0, cpu_seconds: int = 5, memory_
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@functools.lru_cache(maxsize=1)  # the installation does not change while we run: walk it once
 def _python_world_readable() -> bool:
     """Whether `nobody` could run this Python: its stdlib and site-packages, and every folder above them,
     readable by others. (A pyenv Python under /root is not: then the child keeps root's uid, and the audit
