@@ -44,6 +44,7 @@ class Turn:
     terminated: bool
     truncated: bool
     info: dict[str, Any]
+    observation: str = ""  # the env's observation this turn answered (the prompt's last user message)
 
     @property
     def done(self) -> bool:
@@ -203,6 +204,7 @@ class _Episode:
         return prompt
 
     def step(self, prompt: str, gen: Completion, max_turns: int | None, max_episode_tokens: int | None = None) -> None:
+        seen = self.obs
         obs, reward, terminated, truncated, info = self.env.step(gen.text)
         self.obs = str(obs)
         if max_turns is not None and self.trajectory.num_turns + 1 >= max_turns and not terminated:
@@ -220,6 +222,7 @@ class _Episode:
             terminated=bool(terminated),
             truncated=bool(truncated),
             info=dict(info),
+            observation=seen,
         )
         self.trajectory.add(turn)
         self.done = turn.done

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from esopt.es import read_history
-from esopt.prompt.skills import distill, gate, parse_skills
+from esopt.prompt.skills import distill, feedback_lessons, gate, parse_skills, transcript
 from esopt.rollout import Trajectory, Turn
 from esopt.train.config import load_config
 from esopt.train.es import ESAlgorithm, train
@@ -54,6 +54,37 @@ def test_distill_merges_lessons_and_keeps_the_prompt_on_bad_replies():
     assert distill(Scripted(None), "Sudoku", [episode(False)], [0.0], [], 4, log=logs.append) is None
     assert distill(Scripted("no bullets at all"), "Sudoku", [episode(False)], [0.0], [], 4, log=logs.append) is None
     assert len(logs) == 2 and all("current prompt stays" in m for m in logs)
+
+
+def failed_turns(*pairs) -> Trajectory:
+    t = Trajectory(task_seed=2)
+    for action, feedback in pairs:
+        t.add(Turn(prompt="<|im_start|>user\nboard<|im_end|>", prompt_ids=[1], token_ids=[2], text=action,
+                   logprobs=None, reward=0.0, terminated=False, truncated=False,
+                   info={"is_success": False, "action_is_valid": "invalid" not in feedback,
+                         "action_is_correct": False, "feedback": feedback}, observation="board 1.34"))
+    return t
+
+
+def test_feedback_lessons_rank_mistakes_by_frequency_and_merge_with_current():
+    episodes = [failed_turns(("set 1 3 24", "invalid: value 24 out of range 1..4"),
+                             ("set 2 2 3", "invalid: cell r2c2 is already filled")),
+                failed_turns(("set 1 1 9", "invalid: value 9 out of range 1..4")),
+                episode(True)]  # a success teaches nothing here
+    lessons = feedback_lessons(episodes, ["Avoid moves like 'set 4 4 7': they got 'invalid: value 7 out of range "
+                                          "1..4'", "Check the row"], max_skills=8)
+    # the out-of-range mistake happened twice (numbers masked), so it ranks first; the older lesson about the
+    # same mistake is replaced, an unrelated one is kept
+    assert lessons == ["Avoid moves like 'set 1 3 24': they got 'invalid: value 24 out of range 1..4'",
+                       "Avoid moves like 'set 2 2 3': they got 'invalid: cell r2c2 is already filled'",
+                       "Check the row"]
+    assert feedback_lessons(episodes, [], max_skills=1) == lessons[:1]
+    assert feedback_lessons([episode(True), episode(False)], ["keep"], 4) is None  # no failing turn with feedback
+
+
+def test_transcript_shows_the_observation_not_the_chat_template():
+    text = transcript(failed_turns(("set 1 3 24", "invalid: value 24 out of range 1..4")), 0.0)
+    assert "board 1.34" in text and "im_start" not in text and "'set 1 3 24'" in text
 
 
 def test_schedule_ledger_versions_and_resume(tmp_path, monkeypatch):

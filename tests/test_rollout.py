@@ -97,6 +97,7 @@ def _replay(traj: Trajectory) -> list[str]:
         obs, reward, terminated, truncated, info = env.step(turn.text)
         assert reward == turn.reward and terminated == turn.terminated and truncated == turn.truncated
         assert info == turn.info
+        assert turn.observation == str(seen[-1])  # the observation this turn answered
         seen.append(obs)
     return seen
 

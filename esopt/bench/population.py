@@ -9,12 +9,16 @@ Side by side in one process, on the same model, tasks and members (G members x E
   (start-up excluded: replicas are built before the clock starts).
 
     esopt bench population --model tiny --members 32 --tasks 4
-    esopt bench population --model smollm2 --members 32 --tasks 4 --threads 2
+    esopt bench population --model smollm2 --members 32 --tasks 4 --ray 1 2
+
+The in-process backends use every core (`--threads`); each Ray worker uses one thread, so 2 workers use
+the same 2 cores as the in-process rows on a 2-core machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -114,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=4)
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of the in-process backends (default: every core this process may use)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     p.add_argument("--ray", nargs="*", type=int, default=None, metavar="N",
                    help="also Ray with N workers each (e.g. --ray 1 2; one torch thread per worker)")
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.members < 2 or args.members % 2 or args.tasks < 1:
         raise ValueError("--members must be an even number >= 2 and --tasks >= 1")
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     result = measure(args.model, args.members, args.tasks, args.rank, args.repeats, args.set, args.ray)
     if args.out:
         write_report(args.out, "population", report(result), result)

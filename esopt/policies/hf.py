@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from esopt.policies.base import Completion, SamplingParams, cut_at_stop
+from esopt.policies.attention import use_decode_attention
 from esopt.policies.prefix import generate_with_shared_prefix, shared_prefix_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,11 +47,12 @@ class HFPolicy:
 
     The policy owns decoding: on construction the tokenizer is switched to left padding (a pad token is
     set to EOS if missing) and `model.generation_config` is replaced by a clean one holding only the
-    special-token ids, so checkpoint defaults (repetition penalty, sampling knobs) never leak in.
+    special-token ids, so checkpoint defaults (repetition penalty, sampling knobs) never leak in. A CPU model
+    on SDPA decodes with `attention.decode_attention` (same results to rounding, several times faster).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, prefix_cache: bool = True,
-                 min_prefix_tokens: int = 32) -> None:
+                 min_prefix_tokens: int = 32, cpu_decode_attention: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         # share the KV cache of a common prompt prefix of at least this many tokens (log-prob calls excepted)
@@ -72,6 +74,8 @@ class HFPolicy:
             pad_token_id=tokenizer.pad_token_id,
         )
         model.eval()
+        if cpu_decode_attention:
+            use_decode_attention(model)
 
     @staticmethod
     def _collect_eos_ids(model, tokenizer) -> list[int]:

@@ -6,6 +6,9 @@
    document of at most `max_skills` lines.
 3. Gate: the candidate prompt is scored on a minibatch with the unperturbed weights and accepted only if
    it beats the current prompt by `margin` (as GEPA does), so a weak reflector cannot make things worse.
+With `reflector: feedback` no model is asked: `feedback_lessons` turns the env's most frequent feedback on
+failing turns into "avoid" lessons. That is for small models, which cannot write lessons about their own
+episodes (SmolLM2-135M writes none), on machines with no larger model to ask.
 Reflector replies are untrusted text: `parse_skills` keeps bullet-like lines, trims and dedupes them, and
 never raises.
 """
@@ -40,7 +43,7 @@ def parse_skills(text: str | None, max_skills: int) -> list[str]:
 def transcript(t: Trajectory, score: float, max_turns: int = 4) -> str:
     lines = [f"Episode (score {score:.2f}, {'solved' if t.success else 'not solved'}):"]
     for turn in t.turns[:max_turns]:
-        obs = turn.prompt.strip().splitlines()[-6:]  # the tail of the prompt: the current observation
+        obs = (turn.observation or turn.prompt).strip().splitlines()[-6:]  # its tail: the current state
         lines += ["  observation: " + " / ".join(obs)[-300:], f"  action: {turn.text.strip()[:120]!r}",
                   f"  feedback: {turn.info.get('feedback', '')}"]
     return "\n".join(lines)
@@ -76,6 +79,33 @@ def distill(reflector: Reflector, instructions: str, trajectories: Sequence[Traj
         log("prompt step: the reflector's merge had no usable skills; the current prompt stays")
         return None
     return merged
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def _failed(turn) -> bool:
+    info = turn.info
+    return not info.get("action_is_valid", True) or info.get("action_is_correct") is False
+
+
+def feedback_lessons(trajectories: Sequence[Trajectory], current: Sequence[str], max_skills: int) -> list[str] | None:
+    """Model-free distillation. Feedback on failing turns (invalid or incorrect actions) is grouped with its
+    numbers masked, the most frequent groups become "avoid" lessons with one concrete example each, and the
+    current lessons fill the rest. None when no turn failed with feedback (nothing to learn)."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for t in trajectories:
+        for turn in t.turns:
+            feedback = " ".join(str(turn.info.get("feedback", "")).split())[:120]
+            if feedback and _failed(turn):
+                groups.setdefault(_NUMBER.sub("N", feedback), []).append((turn.text.strip()[:60], feedback))
+    if not groups:
+        return None
+    ranked = sorted(groups.items(), key=lambda kv: len(kv[1]), reverse=True)  # stable: first seen wins a tie
+    lessons = [f"Avoid moves like '{g[0][0]}': they got '{g[0][1]}'" for _, g in ranked]
+    seen = {f"got '{key}'" for key, _ in ranked}
+    kept = [s for s in current if not any(k in _NUMBER.sub("N", s) for k in seen)]  # an older lesson, same mistake
+    return [s[:MAX_SKILL_CHARS] for s in (lessons + kept)[:max_skills]]
 
 
 def gate(score: Callable[[str], float], current: str, candidate: str, margin: float) -> tuple[bool, float, float]:

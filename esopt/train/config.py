@@ -147,8 +147,9 @@ class PromptSection(Section):
     trajectories are proposed as a new prompt, kept only if it wins the gate (0: off)."""
 
     every: int = Field(0, ge=0, description="a prompt step after every k generations (0: parameters only)")
-    reflector: Literal["policy", "http"] = Field("policy", description="policy: the unperturbed model itself; "
-                                                  "http: an OpenAI-compatible endpoint")
+    reflector: Literal["policy", "http", "feedback"] = Field(
+        "policy", description="policy: the unperturbed model itself; http: an OpenAI-compatible endpoint; "
+        "feedback: no model, the env's most frequent feedback on failing turns")
     base_url: str | None = Field(None, description="http: e.g. http://127.0.0.1:8000/v1 (esopt serve)")
     model: str = "default"
     api_key_env: str | None = Field(None, description="http: environment variable holding the API key")

@@ -273,16 +273,25 @@ class ESAlgorithm:
 
     def prompt_step(self, generation: int, results: Sequence[MemberResult]) -> dict:
         """Distil skills from this generation's trajectories, gate the candidate, keep the winner."""
-        from esopt.prompt.skills import distill, gate
+        from esopt.prompt.skills import distill, feedback_lessons, gate
 
         c = self.config
         episodes = sorted(((trajectory_score(t, c.es.reward), t) for r in results for t in r.trajectories),
                           key=lambda x: x[0])
         k = c.prompt.episodes
         picked = episodes[: (k + 1) // 2] + episodes[len(episodes) - k // 2:] if len(episodes) > k else episodes
-        skills = distill(self._reflector(), self.program.system, [t for _, t in picked], [s for s, _ in picked],
-                         self.program.skills, c.prompt.max_skills, log=lambda m: say(m, self.progress))
+        if c.prompt.reflector == "feedback":  # every trajectory of the generation: counting is cheap
+            skills = feedback_lessons([t for _, t in episodes], self.program.skills, c.prompt.max_skills)
+            if skills is None:
+                say("prompt step: no failing turn had feedback; the current prompt stays", self.progress)
+        else:
+            skills = distill(self._reflector(), self.program.system, [t for _, t in picked],
+                             [s for s, _ in picked], self.program.skills, c.prompt.max_skills,
+                             log=lambda m: say(m, self.progress))
         if skills is None:
+            return {"prompt_accepted": False}
+        if skills == self.program.skills:
+            say("prompt step: the distilled skills equal the current ones; nothing to gate", self.progress)
             return {"prompt_accepted": False}
         candidate = PromptVersion(max(v.version for v in self.prompts.all()) + 1, self.program.system, skills,
                                   generation=generation)
