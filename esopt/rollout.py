@@ -15,6 +15,7 @@ Generated token ids are kept exactly as produced (the RL baselines need them for
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -273,6 +274,7 @@ def run_episodes(
     stats = RolloutStats(episodes=len(task_seeds))
     envs: list[gym.Env] = []
     bar = None
+    scope = contextlib.ExitStack()
     try:
         episodes = []
         for task_seed in task_seeds:
@@ -290,6 +292,8 @@ def run_episodes(
             bar = progress_bar(None, "rollout", leave=False, unit="turn")
         episode_index = {id(e): i for i, e in enumerate(episodes)}
         turn = 0
+        if hasattr(policy, "rollout_scope"):  # weights are fixed during a rollout: the prompt prefix's
+            scope.enter_context(policy.rollout_scope())  # cache may be kept from turn to turn
         while active := [e for e in episodes if not e.done]:
             prompts = [e.prompt(policy, max_prompt_tokens) for e in active]
             chunk = max_batch_size or len(active)
@@ -319,6 +323,7 @@ def run_episodes(
                 bar.update(1)
                 bar.set_postfix_str(f"active={len(active)}")
     finally:
+        scope.close()
         if bar is not None:
             bar.close()
         for env in envs:

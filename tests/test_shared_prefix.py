@@ -68,3 +68,54 @@ def test_filter_logits_matches_transformers_warpers():
             ref = TopPLogitsWarper(p)(None, ref)
         assert torch.equal(torch.isinf(ours), torch.isinf(ref))
         assert torch.allclose(ours[~torch.isinf(ours)], ref[~torch.isinf(ref)])
+
+
+def test_prefix_kv_is_kept_across_calls_only_inside_a_rollout_scope(prompts_and_policy):
+    policy, prompts = prompts_and_policy
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    expected = [policy.generate(prompts[:6], greedy), policy.generate(prompts[6:], greedy)]
+    store = policy.prefix_kv
+    before = store.reused_tokens
+    policy.generate(prompts[:6], greedy)
+    assert store.reused_tokens == before and not store.layers  # outside a scope nothing outlives a call
+    with policy.rollout_scope():
+        first = policy.generate(prompts[:6], greedy)
+        second = policy.generate(prompts[6:], greedy)  # other episodes, same system prompt and examples
+        assert store.reused_tokens > before  # the second call took its prefix from the first
+    assert not store.layers  # dropped when the scope ends
+    assert [g.token_ids for g in first] == [g.token_ids for g in expected[0]]
+    assert [g.token_ids for g in second] == [g.token_ids for g in expected[1]]
+
+
+def test_a_weight_change_inside_the_scope_drops_the_prefix(prompts_and_policy):
+    policy, prompts = prompts_and_policy
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    with policy.rollout_scope():
+        policy.generate(prompts[:4], greedy)
+        assert policy.prefix_kv.layers
+        policy.weights_changed()
+        assert not policy.prefix_kv.layers
+
+
+def test_multi_turn_rollout_reuses_the_prefix_and_matches_a_rollout_without_it():
+    from esopt.rollout import run_episodes
+
+    class NoScope:  # the same policy without `rollout_scope`: every turn encodes its prefix again
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            if name == "rollout_scope":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    model, tokenizer = build_tiny_model(seed=3)
+    policy = HFPolicy(model, tokenizer)
+    env = make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)
+    examples = env_examples(env, 2)
+    make = lambda: make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)  # noqa: E731
+    greedy = SamplingParams(temperature=0, max_new_tokens=10)
+    kept, _ = run_episodes(policy, make, list(range(8)), greedy, examples=examples)
+    assert policy.prefix_kv.reused_tokens > 0 and max(t.num_turns for t in kept) > 1
+    plain, _ = run_episodes(NoScope(policy), make, list(range(8)), greedy, examples=examples)
+    assert [[u.text for u in t.turns] for t in kept] == [[u.text for u in t.turns] for t in plain]

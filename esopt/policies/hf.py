@@ -13,6 +13,7 @@ between calls); every call builds a fresh one.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from esopt.policies.base import Completion, SamplingParams, cut_at_stop
 from esopt.policies.attention import use_decode_attention
-from esopt.policies.prefix import generate_with_shared_prefix, shared_prefix_length
+from esopt.policies.prefix import PrefixKV, generate_with_shared_prefix, shared_prefix_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -62,6 +63,7 @@ class HFPolicy:
         # which group each row of a forward pass belongs to (see `prefix.generate_with_shared_prefix`)
         self.row_groups: list[int] | None = None
         self.on_rows = None
+        self.prefix_kv, self.keep_prefix = PrefixKV(), False  # see `rollout_scope`
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -140,7 +142,20 @@ class HFPolicy:
         )
 
     def weights_changed(self) -> None:
-        """Nothing to drop: no cache outlives a `generate` call."""
+        """Drop the prefix KV kept across the turns of a rollout (see `rollout_scope`)."""
+        self.prefix_kv.clear()
+
+    @contextlib.contextmanager
+    def rollout_scope(self) -> Iterator[None]:
+        """The weights stay fixed for the block (one multi-turn rollout), so the KV of the prompts' shared
+        prefix is kept from turn to turn instead of being encoded again every turn."""
+        self.prefix_kv.clear()
+        self.keep_prefix = True
+        try:
+            yield
+        finally:
+            self.keep_prefix = False
+            self.prefix_kv.clear()
 
     def generate(
         self,
@@ -169,7 +184,8 @@ class HFPolicy:
             if prefix_len >= self.min_prefix_tokens:
                 tokens, _ = generate_with_shared_prefix(
                     self.model, ids, prefix_len, sampling, self.eos_token_ids, self.tokenizer.pad_token_id, seed,
-                    groups=self.row_groups, set_rows=self.on_rows)
+                    groups=self.row_groups, set_rows=self.on_rows,
+                    store=self.prefix_kv if self.keep_prefix else None, min_reuse=self.min_prefix_tokens)
                 texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
                 return [Completion(prompt_ids=list(p), token_ids=t, text=x) for p, t, x in zip(ids, tokens, texts)]
         dev = self.device

@@ -7,8 +7,9 @@ the per-episode suffixes are encoded (left-padded *between* prefix and suffix, m
 position ids that continue the prefix), then a plain decode loop samples with the same rules as
 `transformers` (temperature, then top-k, then top-p; greedy when temperature is 0).
 
-The cache lives for one call only: weights change between ES members, so a cached prefix from an
-earlier call could belong to other weights.
+A multi-turn rollout calls this once per turn with the same prefix. `PrefixKV` keeps the prefix's cache
+from one call to the next; the caller must drop it whenever the weights change (`HFPolicy` keeps it for
+one rollout only, during which the weights are fixed).
 """
 
 from __future__ import annotations
@@ -18,11 +19,44 @@ from collections.abc import Callable, Sequence
 
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
+from transformers.cache_utils import DynamicLayer
 
 from esopt.policies.base import SamplingParams
 
 # transformers 5.x renamed the forward's `past_key_values` to `cache`
 CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+class PrefixKV:
+    """The KV cache of one token prefix, per weight group, kept across generate calls (one entry)."""
+
+    def __init__(self) -> None:
+        self.reused_tokens = 0  # prefix tokens (per group) taken from the store instead of encoded: a statistic
+        self.clear()
+
+    def clear(self) -> None:
+        self.ids: tuple[int, ...] = ()
+        self.groups: dict[int, int] = {}  # group -> its row in the stored tensors
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def match(self, prefix: Sequence[int], groups: Sequence[int]) -> tuple[int, list[int]]:
+        """(tokens of `prefix` already cached, the stored row of every group); 0 tokens on a miss."""
+        if not self.layers or any(g not in self.groups for g in groups):
+            return 0, []
+        n = 0
+        for a, b in zip(self.ids, prefix):
+            if a != b:
+                break
+            n += 1
+        return n, [self.groups[g] for g in groups]
+
+    def save(self, prefix: Sequence[int], groups: Sequence[int], cache: DynamicCache) -> None:
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):  # sliding windows drop tokens: skip
+            return
+        # references, not copies: a DynamicCache replaces its tensors as it grows, it never writes into them
+        self.ids = tuple(prefix)
+        self.groups = {g: i for i, g in enumerate(groups)}
+        self.layers = [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def shared_prefix_length(ids: Sequence[Sequence[int]]) -> int:
@@ -74,13 +108,18 @@ def generate_with_shared_prefix(
     return_logprobs: bool = False,
     groups: Sequence[int] | None = None,
     set_rows: Callable[[list[int]], None] | None = None,
+    store: PrefixKV | None = None,
+    min_reuse: int = 1,
 ) -> tuple[list[list[int]], list[list[float]] | None]:
     """Generated ids per row (cut after the first EOS) and, if asked, their log-probabilities under
     softmax(raw logits / temperature) (temperature 1 when greedy).
 
     `groups` (one id per row): rows of one group share weights, rows of different groups do not (batched ES
     members). The prefix is then encoded once per group, not once for all, and `set_rows(ids)` is told the
-    group of every row of each forward pass: first the distinct groups (the prefix pass), then the rows."""
+    group of every row of each forward pass: first the distinct groups (the prefix pass), then the rows.
+
+    With a `store`, a prefix cached by an earlier call (same weights: the caller's duty) is reused, at least
+    `min_reuse` tokens of it; only the rest of this call's prefix is encoded."""
     dev = next(model.parameters()).device
     batch = len(ids)
     suffixes = [list(x[prefix_len:]) for x in ids]
@@ -94,8 +133,19 @@ def generate_with_shared_prefix(
     distinct = sorted(set(groups)) if groups is not None else [0]
     if set_rows is not None:
         set_rows(list(distinct))
-    prefix = torch.tensor([list(ids[0][:prefix_len])] * len(distinct), device=dev)
-    model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache})
+    reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
+    if reused < min_reuse:
+        reused = 0
+    if reused:
+        store.reused_tokens += reused
+        index = torch.tensor(rows, device=dev)
+        for layer, (k, v) in enumerate(store.layers):
+            cache.update(k[index, :, :reused], v[index, :, :reused], layer)
+    if reused < prefix_len:
+        prefix = torch.tensor([list(ids[0][reused:prefix_len])] * len(distinct), device=dev)
+        model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache})
+        if store is not None and not reused:
+            store.save(ids[0][:prefix_len], distinct, cache)
     if groups is None:
         cache.batch_repeat_interleave(batch)
     else:
