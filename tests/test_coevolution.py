@@ -117,3 +117,15 @@ def test_http_reflector_needs_a_url_and_ray_does_not_take_prompts():
         build_config({}, ["prompt.every=1", "prompt.reflector=http"])
     with pytest.raises(ConfigError, match="Ray workers"):
         build_config({}, ["prompt.every=1", "distributed.backend=ray"])
+
+
+def test_feedback_reflector_proposes_lessons_from_the_runs_own_failures(tmp_path, monkeypatch):
+    monkeypatch.setattr(ESAlgorithm, "prompt_score", lambda self, text, generation: float(len(text)))
+    monkeypatch.setattr(ESAlgorithm, "_reflector", lambda self: pytest.fail("the feedback reflector asks no model"))
+    out = tmp_path / "run"
+    train(load_config("smoke", ["steps=1", "eval.tasks=2", "eval.every=0", "measure_inference_peak=false",
+                                "prompt.every=1", "prompt.reflector=feedback", "prompt.max_skills=3"]),
+          out, progress=False)
+    skills = json.loads((out / "prompts" / "v0001.json").read_text())["skills"]
+    assert 1 <= len(skills) <= 3 and all(s.startswith("Avoid moves like '") for s in skills)
+    assert json.loads((out / "final" / "prompt.json").read_text())["version"] == 1  # longer prompt wins this gate
