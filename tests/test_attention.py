@@ -19,7 +19,7 @@ def decode_three_steps(model, ids, mask):
     """Logits of a left-padded prefill and of three single-token decode steps after it."""
     out = model(input_ids=ids, attention_mask=mask, use_cache=True)
     logits, cache = [out.logits[:, -1]], out.past_key_values
-    for step in range(3):
+    for _ in range(3):
         token = logits[-1].argmax(-1, keepdim=True)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         out = model(input_ids=token, attention_mask=mask, past_key_values=cache, use_cache=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from esopt.policies.base import Completion, SamplingParams, cut_at_stop
 from esopt.policies.attention import use_decode_attention
+from esopt.policies.base import Completion, SamplingParams, cut_at_stop
 from esopt.policies.prefix import PrefixKV, generate_with_shared_prefix, shared_prefix_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
