@@ -23,8 +23,9 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     """Same contract as `transformers`' `sdpa_attention_forward`: query (B, H, L, D), key and value
     (B, KV, S, D) with H a multiple of KV; returns (B, L, H, D)."""
     batch, heads, q_len, dim = query.shape
-    if q_len != 1 or query.device.type != "cpu" or (dropout and module.training) or kwargs.get("position_bias") is not None or \
-            kwargs.get("softcap") is not None or heads % key.shape[1]:
+    unsupported = (dropout and module.training) or kwargs.get("position_bias") is not None or \
+        kwargs.get("softcap") is not None or heads % key.shape[1]
+    if q_len != 1 or query.device.type != "cpu" or unsupported:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     kv_heads = key.shape[1]

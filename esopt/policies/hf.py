@@ -6,8 +6,8 @@ with a seed, the RNG is forked so the caller's global RNG state is untouched.
 
 When the prompts of a call share a long token prefix (the system prompt and worked examples of an agent
 rollout), `generate` encodes that prefix once and only the suffixes per row (`prefix.py`): 4-5x faster
-for SmolLM2's few-shot Sudoku prompts. No KV/prefix cache lives across calls (ES changes the weights
-between calls); every call builds a fresh one.
+for SmolLM2's few-shot Sudoku prompts. That prefix cache outlives a call only inside `rollout_scope` (one
+multi-turn rollout, whose weights are fixed); ES changes the weights between rollouts.
 """
 
 from __future__ import annotations

@@ -278,13 +278,13 @@ class ESAlgorithm:
         c = self.config
         episodes = sorted(((trajectory_score(t, c.es.reward), t) for r in results for t in r.trajectories),
                           key=lambda x: x[0])
-        k = c.prompt.episodes
-        picked = episodes[: (k + 1) // 2] + episodes[len(episodes) - k // 2:] if len(episodes) > k else episodes
         if c.prompt.reflector == "feedback":  # every trajectory of the generation: counting is cheap
             skills = feedback_lessons([t for _, t in episodes], self.program.skills, c.prompt.max_skills)
             if skills is None:
                 say("prompt step: no failing turn had feedback; the current prompt stays", self.progress)
-        else:
+        else:  # the reflector reads the k/2 worst and k/2 best episodes
+            k = c.prompt.episodes
+            picked = episodes[: (k + 1) // 2] + episodes[len(episodes) - k // 2:] if len(episodes) > k else episodes
             skills = distill(self._reflector(), self.program.system, [t for _, t in picked],
                              [s for s, _ in picked], self.program.skills, c.prompt.max_skills,
                              log=lambda m: say(m, self.progress))
