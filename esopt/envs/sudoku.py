@@ -35,6 +35,7 @@ SHAPED_WEIGHTS: tuple[float, float, float] = (0.5, 0.3, 0.2)
 UNIQUE_TRIES = 20
 USAGE = "set r c v"
 _CELL_CHARS = ".123456789"
+HINT_LEVELS = ("none", "empty", "candidates")
 
 
 def _check_size(size: Any) -> int:
@@ -200,6 +201,16 @@ def find_clash(board: Sequence[Sequence[int]], r: int, c: int) -> tuple[int, int
             if (rr, cc) != (r, c) and board[rr][cc] == v:
                 return rr, cc
     return None
+
+
+def candidates(board: Sequence[Sequence[int]], r: int, c: int) -> list[int]:
+    """Digits (ascending) that (0-based) cell (r, c) could take without clashing with the rest of the board."""
+    n = len(board)
+    br, bc = BOX_SHAPES[n]
+    r0, c0 = r - r % br, c - c % bc
+    seen = {board[r][cc] for cc in range(n) if cc != c} | {board[rr][c] for rr in range(n) if rr != r}
+    seen |= {board[rr][cc] for rr in range(r0, r0 + br) for cc in range(c0, c0 + bc) if (rr, cc) != (r, c)}
+    return [v for v in range(1, n + 1) if v not in seen]
 
 
 def _find_clash_any(board: Sequence[Sequence[int]]) -> tuple[int, int] | None:
@@ -523,9 +534,11 @@ class SudokuEnv(AgentEnv):
 
     ## Arguments
     size (4, 6, 9), h_star (1..size*size), turn_cap_factor (>= 1), reward ("binary" | "shaped"),
-    allow_overwrite (rewrite non-given cells), unique (uniquely solvable puzzles), show_empty (an extra line
-    before the status listing the empty cells as `empty: 2 1, 3 4`, row then column; a smaller model needs
-    it to find the cells), render_mode (None | "ansi").
+    allow_overwrite (rewrite non-given cells), unique (uniquely solvable puzzles), hints (what the
+    observation adds before the status line: "none"; "empty" lists the empty cells as `empty: 2 1, 3 4`, row
+    then column, which a smaller model needs to find the cells; "candidates" also lists each empty cell's
+    digits that clash with nothing on the current board, `empty: 2 1 [3 4], 3 4 [1]`), show_empty (old
+    name: true means hints="empty"), render_mode (None | "ansi").
 
     ## Versions
     v0: initial version.
@@ -541,6 +554,7 @@ class SudokuEnv(AgentEnv):
         reward: str = "binary",
         allow_overwrite: bool = False,
         unique: bool = False,
+        hints: str = "none",
         show_empty: bool = False,
         render_mode: str | None = None,
     ) -> None:
@@ -562,14 +576,17 @@ class SudokuEnv(AgentEnv):
         self.reward_mode = reward
         self.allow_overwrite = bool(allow_overwrite)
         self.unique = bool(unique)
-        self.show_empty = bool(show_empty)
+        if hints not in HINT_LEVELS:
+            raise ValueError(f"hints must be one of {list(HINT_LEVELS)}, got {hints!r}")
+        self.hints = "empty" if show_empty and hints == "none" else hints
         self.render_mode = render_mode
         self.box_shape = BOX_SHAPES[self.size]
 
         n = self.size
         max_status = len("bad val >999") + len(" t") + len(str(self._cap(n * n)))
         self.action_space = FreeText(MAX_ACTION_CHARS)
-        empty_line = len("empty: ") + len("9 9, ") * n * n if self.show_empty else 0
+        per_cell = {"none": 0, "empty": len("9 9, "), "candidates": len("9 9 [] , ") + 2 * n}[self.hints]
+        empty_line = len("empty: ") + per_cell * n * n
         self.observation_space = ascii_text_space(n * (n + 3) + empty_line + max_status)
         br, bc = self.box_shape
         self.instructions = (
@@ -627,11 +644,17 @@ class SudokuEnv(AgentEnv):
         # Tried: status line first (board at a fixed distance from the reply). The tiny model's warm start
         # learned it worse (25% vs 43% per-move accuracy), so the status line stays last.
         lines = [f"{r + 1} " + "".join(_CELL_CHARS[v] for v in row) for r, row in enumerate(self._board)]
-        if self.show_empty:  # the open cells as "row col" pairs, in the move's own order
-            empty = [f"{r + 1} {c + 1}" for r, row in enumerate(self._board) for c, v in enumerate(row) if not v]
+        if self.hints != "none":  # the open cells as "row col" pairs, in the move's own order
+            empty = [f"{r + 1} {c + 1}" + self._candidates_text(r, c)
+                     for r, row in enumerate(self._board) for c, v in enumerate(row) if not v]
             lines.append("empty: " + ", ".join(empty))
         lines.append(f"{self._short} t{self._turn_cap - self._turn}")
         return "\n".join(lines)
+
+    def _candidates_text(self, r: int, c: int) -> str:
+        if self.hints != "candidates":
+            return ""
+        return " [" + " ".join(str(v) for v in candidates(self._board, r, c)) + "]"
 
     def _info(self, valid: bool, move: tuple[int, int, int] | None) -> dict[str, Any]:
         return {
@@ -735,7 +758,7 @@ class SudokuEnv(AgentEnv):
         copies the examples' coordinates gains nothing from it. The env's own state is not touched."""
         rng = np.random.default_rng([int(seed), self.size, self.h_star, 0x5EED])
         env = SudokuEnv(self.size, self.h_star, self.turn_cap_factor, self.reward_mode, self.allow_overwrite,
-                        show_empty=self.show_empty)
+                        hints=self.hints)
         out = []
         for _ in range(count):
             task = generate_task(rng, self.size, self.h_star)
