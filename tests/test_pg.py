@@ -168,9 +168,86 @@ def test_checkpoint_holds_state_and_resume_skips_incomplete_ones(tmp_path):
     assert (path / STATE_FILE).exists() and (path / "model.safetensors").exists()
     assert not list(rd.checkpoints.glob(".*"))  # no temp dirs left behind
     state = torch.load(path / STATE_FILE, weights_only=True)
-    assert state["optimizer"]["param_groups"][0]["name"] == "policy"
+    assert state["optimizer"]["adamw"]["param_groups"][0]["name"] == "policy"
     # a checkpoint dir without the trainer state (e.g. written by another tool) is never resumed from
     broken = rd.checkpoints / "step_000005"
     broken.mkdir()
     (broken / "trainer_state.json").write_text('{"step": 5}')
     assert latest_pg_checkpoint(rd) == (3, path)
+
+
+def _tiny_bf16_grpo_batch():
+    model, tok = build_tiny_model(seed=3)
+    model = model.to(torch.bfloat16)
+    samples = [TurnSample([5, 6, 7], [8, 9], advantage=a) for a in (1.0, -1.0, 0.5, -0.5)]
+    samples[1].token_ids = [10, 11]
+    batch = collate(samples, tok.pad_token_id)
+    batch.old_logprobs = batch_logprobs(model, batch, 1.0, 4)
+    return model, batch
+
+
+@pytest.mark.parametrize("lr", [1e-6, 1e-5])
+def test_one_step_on_a_bf16_model_moves_weights_as_fp32_adamw_intends(lr):
+    """The update AdamW intends, computed independently by torch's AdamW on fp32 copies of the same gradients,
+    is what the fp32 masters take; the bf16 weights are those masters rounded. Plain bf16 AdamW at this lr
+    leaves most weights unchanged (the bug this guards against)."""
+    model, batch = _tiny_bf16_grpo_batch()
+    sec = PGSection(lr=lr, minibatch_size=4, micro_batch_size=4, max_grad_norm=0)
+    before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    opt = make_optimizer([("policy", list(model.parameters()), lr)], sec)
+
+    def loss_fn(part, norm):
+        return policy_loss(token_logprobs(model, part, 1.0), part, sec, norm)
+
+    # the reference: the same loss's gradient, cast to fp32, through a fresh fp32 AdamW
+    model.zero_grad()
+    loss_fn(batch, minibatch_norm(batch, torch.arange(4)))[0].backward()
+    ref = {n: torch.nn.Parameter(before[n].clone()) for n, _ in model.named_parameters()}
+    for n, p in model.named_parameters():
+        ref[n].grad = p.grad.float()
+    torch.optim.AdamW(list(ref.values()), lr=lr, weight_decay=0.0).step()
+    model.zero_grad()
+
+    out = optimize(batch, loss_fn, opt, sec, shuffle_generator(0, 0))
+    assert out["optimizer_steps"] == 1
+    masters = dict(zip([n for n, _ in model.named_parameters()], [m for _, m in opt.pairs], strict=True))
+    moved = 0
+    for n, p in model.named_parameters():
+        assert masters[n].dtype == torch.float32 and p.dtype == torch.bfloat16
+        torch.testing.assert_close(masters[n].detach(), ref[n].detach(), rtol=0, atol=0.01 * lr)
+        assert torch.equal(p.detach(), masters[n].detach().to(torch.bfloat16))  # weights = masters rounded
+        step = (masters[n].detach() - before[n]).abs()
+        has_grad = ref[n].grad.abs() > 0
+        # first AdamW step: |update| = lr * |g| / (|g| + eps) ~ lr wherever the gradient is not tiny
+        big = ref[n].grad.abs() > 1e-5
+        spacing = torch.finfo(torch.float32).eps * before[n].abs()[big]  # fp32 rounding of w + step
+        assert ((step[big] - lr).abs() <= 0.02 * lr + spacing).all()
+        moved += int((step[has_grad] > 0).sum())
+    total = sum(int((ref[n].grad.abs() > 0).sum()) for n, _ in model.named_parameters())
+    assert moved == total  # every weight with a gradient moved in the master copy
+
+
+def test_bf16_masters_accumulate_steps_that_bf16_alone_would_drop():
+    """Fifty steps of 1e-6 on weights near 1.0 (norm gains): bf16 cannot represent one step (its spacing at
+    1.0 is 2^-7), so a bf16 optimizer never moves them; the masters move by 5e-5 and resume exactly."""
+    w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    sec = PGSection(lr=1e-6)
+    opt = make_optimizer([("policy", [w], sec.lr)], sec)
+    for _ in range(50):
+        w.grad = torch.full((4,), 1.0, dtype=torch.bfloat16)
+        opt.collect_grads()
+        opt.step()
+    master = opt.pairs[0][1].detach()
+    torch.testing.assert_close(master, torch.full((4,), 1 - 50e-6), rtol=0, atol=0.05 * 50e-6)  # fp32 ulp 6e-8
+    plain = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    bf16_adamw = torch.optim.AdamW([plain], lr=sec.lr, weight_decay=0.0)
+    for _ in range(50):
+        plain.grad = torch.full((4,), 1.0, dtype=torch.bfloat16)
+        bf16_adamw.step()
+    assert torch.equal(plain.detach(), torch.ones(4, dtype=torch.bfloat16))  # what the masters fix
+    state = opt.state_dict()
+    again = make_optimizer([("policy", [torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))], sec.lr)], sec)
+    again.load_state_dict(state)
+    assert torch.equal(again.pairs[0][1].detach(), master)
+    with pytest.raises(ValueError, match="fp32 master"):
+        make_optimizer([("policy", [torch.nn.Parameter(torch.ones(4))], sec.lr)], sec).load_state_dict(state)

@@ -120,7 +120,7 @@ def test_two_step_train_writes_run_dir_with_critic_and_resumes(tmp_path):
                  f"checkpoints/step_000002/{STATE_FILE}", "plots/eval.png", "plots/reward_spread.png"):
         assert (tmp_path / name).exists(), name
     state = torch.load(tmp_path / "checkpoints/step_000002" / STATE_FILE, weights_only=True)
-    assert "head.weight" in state["critic"] and len(state["optimizer"]["param_groups"]) == 2
+    assert "head.weight" in state["critic"] and len(state["optimizer"]["adamw"]["param_groups"]) == 2
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if r["kind"] == "train"]
     for key in ("reward_mean", "reward_std", "success_rate", "loss", "clipfrac", "approx_kl",

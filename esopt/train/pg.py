@@ -254,12 +254,65 @@ def policy_loss(logp: torch.Tensor, batch: TokenBatch, section: PGSection, norm:
 
 # --- optimisation ---------------------------------------------------------------------------------
 
-def make_optimizer(groups: list[tuple[str, list[torch.nn.Parameter], float]], section: PGSection
-                   ) -> torch.optim.AdamW:
-    """One AdamW over named parameter groups [(name, params, lr)] (e.g. policy and critic)."""
-    return torch.optim.AdamW(
-        [{"params": params, "lr": lr, "name": name} for name, params, lr in groups],
-        betas=tuple(section.adam_betas), eps=section.adam_eps, weight_decay=section.weight_decay)
+class MasterAdamW:
+    """AdamW whose state and updates live in fp32 while the model may compute in bf16/fp16.
+
+    A bf16 weight cannot take a step below its resolution (~0.4% of its size): plain AdamW at lr 1e-6 on
+    bf16 SmolLM2 changed 0.39% of the weights in two steps. So every low-precision parameter gets an fp32
+    master copy; gradients are moved onto it (`collect_grads`), AdamW steps the masters, and the model's
+    weights are the masters rounded (`step`). fp32 parameters are their own masters (no copy, no cost).
+    """
+
+    def __init__(self, groups: list[tuple[str, list[torch.nn.Parameter], float]], section: PGSection):
+        self.pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
+        opt_groups = []
+        for name, params, lr in groups:
+            masters = []
+            for p in params:
+                m = p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone())
+                self.pairs.append((p, m))
+                masters.append(m)
+            opt_groups.append({"params": masters, "lr": lr, "name": name})
+        self.optimizer = torch.optim.AdamW(opt_groups, betas=tuple(section.adam_betas), eps=section.adam_eps,
+                                           weight_decay=section.weight_decay)
+        self.param_groups = self.optimizer.param_groups  # the masters, grouped (clipping reads them)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p, m in self.pairs:
+            p.grad = m.grad = None
+
+    def collect_grads(self) -> None:
+        """Move the model's gradients onto the fp32 masters (after backward, before clipping)."""
+        for p, m in self.pairs:
+            if m is not p and p.grad is not None:
+                m.grad, p.grad = p.grad.float(), None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.optimizer.step()
+        for p, m in self.pairs:
+            if m is not p:
+                p.copy_(m)
+
+    def state_dict(self) -> dict:
+        return {"adamw": self.optimizer.state_dict(),
+                "masters": [m.detach().clone() for p, m in self.pairs if m is not p]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["adamw"])
+        copies = [(p, m) for p, m in self.pairs if m is not p]
+        if len(copies) != len(state["masters"]):
+            raise ValueError(f"checkpoint has {len(state['masters'])} fp32 master tensors, the model needs "
+                             f"{len(copies)}: was it saved with another model dtype?")
+        for (p, m), saved in zip(copies, state["masters"], strict=True):
+            m.copy_(saved)
+            p.copy_(m)
+
+
+def make_optimizer(groups: list[tuple[str, list[torch.nn.Parameter], float]], section: PGSection) -> MasterAdamW:
+    """One AdamW over named parameter groups [(name, params, lr)] (e.g. policy and critic), fp32 masters."""
+    return MasterAdamW(groups, section)
 
 
 def shuffle_generator(seed: int, step: int) -> torch.Generator:
@@ -270,7 +323,7 @@ def shuffle_generator(seed: int, step: int) -> torch.Generator:
 LossFn = Callable[[TokenBatch, Norm], tuple[torch.Tensor, dict[str, tuple[float, float]]]]
 
 
-def optimize(batch: TokenBatch, loss_fn: LossFn, optimizer: torch.optim.Optimizer, section: PGSection,
+def optimize(batch: TokenBatch, loss_fn: LossFn, optimizer: MasterAdamW, section: PGSection,
              generator: torch.Generator) -> dict[str, float]:
     """`epochs` passes of shuffled minibatches; each minibatch is one optimizer step (gradients
     accumulated over micro-batches, clipped per parameter group). A step whose gradient is not finite
@@ -289,6 +342,7 @@ def optimize(batch: TokenBatch, loss_fn: LossFn, optimizer: torch.optim.Optimize
                 for k, (s, c) in stats.items():
                     sums[k][0] += s
                     sums[k][1] += c
+            optimizer.collect_grads()
             finite = True
             for group in optimizer.param_groups:
                 params = [p for p in group["params"] if p.grad is not None]
