@@ -4,13 +4,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # torch==2.13.0 is the local CPU wheel on our machines; GPU users keep the torch they already have.
 TORCH_SPEC ?= torch==2.13.0
-# the OCR engine of the DocQA env is a system package
+# system packages: the OCR engine of the DocQA env, and bubblewrap (`bwrap`), the math env's code sandbox
 APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
 .PHONY: demo test lint venv clean
 
 $(VENV)/.installed: pyproject.toml
 	command -v tesseract >/dev/null || $(APT) install -y -q tesseract-ocr || { $(APT) update -q && $(APT) install -y -q tesseract-ocr; }
+	command -v bwrap >/dev/null || $(APT) install -y -q bubblewrap || { $(APT) update -q && $(APT) install -y -q bubblewrap; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" || $(PY) -m pip install -q torch

@@ -43,23 +43,19 @@ def _train(args: argparse.Namespace) -> int:
     from esopt.envs import make_env
 
     make_env(config.env.id, **config.env.kwargs).close()  # bad env settings: a one-line error, before torch loads
-    trainer = _trainer(config.algo)
+    from esopt.train import trainer as trainer_of
+
+    trainer = trainer_of(config.algo)
     summary = trainer(config, out, resume=bool(args.resume), progress=not args.no_progress)
     print(f"run directory: {out}")
     return 130 if summary.get("interrupted") else 0
 
 
-def _trainer(algo: str):
-    import importlib
-
-    return importlib.import_module(f"esopt.train.{algo}").train
-
-
 def _eval(args: argparse.Namespace) -> int:
-    from esopt.policies import SamplingParams
-    from esopt.rollout import env_examples, run_episodes
-    from esopt.train.common import load_model, summarize
+    from esopt.engines.base import SamplingParams
+    from esopt.rollout import env_examples, run_episodes, summarize
     from esopt.train.config import ModelSection
+    from esopt.train.models import load_model
 
     env_kwargs = _env_kwargs(args)
     from esopt.envs import make_env
@@ -131,8 +127,8 @@ def _env_kwargs(args: argparse.Namespace) -> dict:
 
 def _replay(args: argparse.Namespace) -> int:
     from esopt.es import read_history, replay
-    from esopt.train.common import load_model
     from esopt.train.config import load_config
+    from esopt.train.models import load_model
     from esopt.utils.io import save_pretrained_atomic
 
     run = Path(args.run_dir)
@@ -154,7 +150,8 @@ def _serve(args: argparse.Namespace) -> int:
         from esopt.serve import serve
     except ImportError:
         raise ValueError("esopt serve needs the serve extra: pip install 'agentic-esopt[serve]'") from None
-    serve(args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device, max_batch=args.max_batch)
+    serve(args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device, max_batch=args.max_batch,
+          served_model_name=args.served_model_name, prompt=not args.no_prompt, wait_ms=args.wait_ms)
     return 0
 
 
@@ -165,30 +162,21 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from esopt.envs.sudoku_warm_start import main_pretrain
+    from esopt.train.sft import main_pretrain
 
     return main_pretrain(args.rest)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import importlib
+    from esopt.experiments import run
 
-    names = {"overhead": "esopt.bench.es_overhead", "rollout": "esopt.bench.rollout_throughput", "horizon": "esopt.bench.horizon",
-             "population": "esopt.bench.population", "gpu": "esopt.bench.gpu"}
-    if args.which not in names:
-        raise ValueError(f"unknown benchmark {args.which!r}; choose one of {sorted(names)}")
-    return importlib.import_module(names[args.which]).main(args.rest) or 0
+    return run("bench", args.which, args.rest)
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    import importlib
+    from esopt.experiments import run
 
-    names = {"variance": "esopt.analysis.variance", "step": "esopt.analysis.step_probe",
-             "calibrate": "esopt.analysis.calibrate", "neighbourhood": "esopt.analysis.neighbourhood",
-             "gain": "esopt.analysis.gain"}
-    if args.which not in names:
-        raise ValueError(f"unknown analysis {args.which!r}; choose one of {sorted(names)}")
-    return importlib.import_module(names[args.which]).main(args.rest) or 0
+    return run("analyze", args.which, args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,7 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     sv.add_argument("--device", default="cpu")
-    sv.add_argument("--max-batch", type=int, default=32, help="requests answered in one generate call at most")
+    sv.add_argument("--max-batch", type=int, default=32, help="rows (prompts x n) in one generate call at most")
+    sv.add_argument("--wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
+    sv.add_argument("--served-model-name", help="the model name clients use (default: MODEL as given)")
+    sv.add_argument("--no-prompt", action="store_true",
+                    help="serve the bare weights, without the run's prompt program (system prompt, worked examples)")
     sv.set_defaults(func=_serve)
 
     d = sub.add_parser("demo", help="the README's main job: ES fine-tunes SmolLM2 on Sudoku, before/after table")

@@ -30,7 +30,7 @@ def _warm_start(config) -> None:
     import sys
 
     env = config.env.kwargs
-    code = ("import sys; from esopt.envs.sudoku_warm_start import warm_start_path; "
+    code = ("import sys; from esopt.train.sft import warm_start_path; "
             "warm_start_path(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
     subprocess.run([sys.executable, "-c", code, str(env["size"]), str(config.model.warm_start_steps),
                     str(config.model.seed)], check=True)

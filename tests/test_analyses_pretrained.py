@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from esopt.analysis import calibrate, gain, neighbourhood
 from esopt.es import update_coefficients
+from esopt.experiments import calibrate, gain, neighbourhood
 from esopt.train.config import build_config
 from esopt.train.es import train
 

@@ -5,7 +5,7 @@ import copy
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from esopt.policies.attention import NAME, use_decode_attention
+from esopt.engines.attention import NAME, use_decode_attention
 
 
 def gqa_llama() -> LlamaForCausalLM:

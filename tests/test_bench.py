@@ -8,9 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from esopt.analysis import variance
-from esopt.bench import horizon
 from esopt.cli import main as cli_main
+from esopt.experiments import horizon, variance
 from esopt.train.config import load_config
 
 
@@ -72,16 +71,25 @@ def test_horizon_plan_options_and_matched_budget_checks():
 
 
 def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypatch):
-    import esopt.train.es as es_mod
-    import esopt.train.pg as pg_mod
+    import esopt.train.loop as loop
+    from esopt.rollout import RolloutSpec
 
-    current, episodes = {}, Counter()  # training episodes rolled out, per run
-    for mod in (es_mod, pg_mod):  # training rollouts only (held-out evals go through train.common)
-        def counted(policy, config, make, task_seeds, _orig=mod.rollout, **kwargs):
+    current, episodes = {"eval": False}, Counter()  # training episodes rolled out, per run
+
+    def counted(self, policy, make, task_seeds, seed, _orig=RolloutSpec.run, **kwargs):
+        if not current["eval"]:  # training rollouts only, not the held-out evals
             episodes[current["run"]] += len(task_seeds)
-            return _orig(policy, config, make, task_seeds, **kwargs)
+        return _orig(self, policy, make, task_seeds, seed, **kwargs)
 
-        monkeypatch.setattr(mod, "rollout", counted)
+    def evaluate(*args, _orig=loop.evaluate, **kwargs):
+        current["eval"] = True
+        try:
+            return _orig(*args, **kwargs)
+        finally:
+            current["eval"] = False
+
+    monkeypatch.setattr(RolloutSpec, "run", counted)
+    monkeypatch.setattr(loop, "evaluate", evaluate)
     orig_train = horizon._train_in_process
 
     def train_one(run, resume, progress):
@@ -134,7 +142,7 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
 
 
 def test_step_probe_smoke_compares_the_es_step_with_a_same_length_random_control(tmp_path):
-    from esopt.analysis import step_probe
+    from esopt.experiments import step_probe
 
     assert step_probe.main(["--smoke", "--quiet", "--pairs", "3", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "step_probe.json").read_text())
@@ -153,7 +161,7 @@ def test_step_probe_smoke_compares_the_es_step_with_a_same_length_random_control
 
 
 def test_gpu_benchmark_runs_on_cpu_at_a_tiny_shape(capsys):
-    from esopt.bench import gpu
+    from esopt.experiments import gpu
 
     assert gpu.main(["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--members", "2", "--batch", "2",
                      "--prompt-tokens", "4", "--new-tokens", "3"]) == 0
@@ -163,7 +171,7 @@ def test_gpu_benchmark_runs_on_cpu_at_a_tiny_shape(capsys):
 
 
 def test_population_benchmark_compares_backends_side_by_side(capsys):
-    from esopt.bench import population
+    from esopt.experiments import population
 
     assert population.main(["--model", "tiny", "--members", "4", "--tasks", "2", "--repeats", "1"]) == 0
     out = capsys.readouterr().out

@@ -8,8 +8,9 @@ import pytest
 from esopt.es import read_history
 from esopt.prompt.skills import distill, feedback_lessons, gate, parse_skills, transcript
 from esopt.rollout import Trajectory, Turn
+from esopt.train.coevolution import PromptEvolution
 from esopt.train.config import load_config
-from esopt.train.es import ESAlgorithm, train
+from esopt.train.es import train
 
 
 class Scripted:
@@ -89,9 +90,9 @@ def test_transcript_shows_the_observation_not_the_chat_template():
 
 def test_schedule_ledger_versions_and_resume(tmp_path, monkeypatch):
     reflector = Scripted("- Pick a cell listed as empty\n- Answer with one move")
-    monkeypatch.setattr(ESAlgorithm, "_reflector", lambda self: reflector)
+    monkeypatch.setattr(PromptEvolution, "_reflector", lambda self: reflector)
     # a scripted gate score: longer prompts (more skills) score higher, so the candidate wins
-    monkeypatch.setattr(ESAlgorithm, "prompt_score", lambda self, text, generation: float(len(text)))
+    monkeypatch.setattr(PromptEvolution, "prompt_score", lambda self, text, generation: float(len(text)))
     overrides = ["steps=4", "eval.tasks=2", "eval.every=0", "measure_inference_peak=false", "prompt.every=2",
                  "checkpoint_every=1"]
     out = tmp_path / "run"
@@ -120,8 +121,8 @@ def test_http_reflector_needs_a_url_and_ray_does_not_take_prompts():
 
 
 def test_feedback_reflector_proposes_lessons_from_the_runs_own_failures(tmp_path, monkeypatch):
-    monkeypatch.setattr(ESAlgorithm, "prompt_score", lambda self, text, generation: float(len(text)))
-    monkeypatch.setattr(ESAlgorithm, "_reflector", lambda self: pytest.fail("the feedback reflector asks no model"))
+    monkeypatch.setattr(PromptEvolution, "prompt_score", lambda self, text, generation: float(len(text)))
+    monkeypatch.setattr(PromptEvolution, "_reflector", lambda self: pytest.fail("the feedback reflector asks no model"))
     out = tmp_path / "run"
     train(load_config("smoke", ["steps=1", "eval.tasks=2", "eval.every=0", "measure_inference_peak=false",
                                 "prompt.every=1", "prompt.reflector=feedback", "prompt.max_skills=3"]),

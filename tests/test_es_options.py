@@ -11,9 +11,9 @@ import pytest
 from esopt.envs import make_env
 from esopt.es.shaping import pair_disagreement, task_normalized
 from esopt.rollout import env_examples
-from esopt.train.common import heldout_task_seeds, task_pool_seeds, train_task_seeds
 from esopt.train.config import ConfigError, build_config
 from esopt.train.es import generation_tasks, train
+from esopt.train.tasks import heldout_task_seeds, task_pool_seeds, train_task_seeds
 
 TINY = [
     "steps=2", "model.name=tiny-sudoku", "model.warm_start_steps=60", "env.kwargs.size=4", "env.kwargs.h_star=3",

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from esopt.policies import HFPolicy, build_tiny_model
+from esopt.engines.hf import HFEngine
+from esopt.models.tiny import build_tiny_model
 from esopt.rollout import Trajectory, Turn
 from esopt.train.config import ConfigError, build_config, load_config
-from esopt.train.grpo import GRPO, GRPOTrainConfig, group_advantages, grpo_samples, train
 from esopt.train.pg import STATE_FILE, collate, frozen_copy, minibatch_norm
+from esopt.train.pg.grpo import GRPO, GRPOTrainConfig, group_advantages, grpo_samples, train
 
 TINY = {"model": {"name": "tiny"}, "env": {"kwargs": {"size": 4, "h_star": 2}},
         "sampling": {"max_new_tokens": 8}, "eval": {"every": 1, "tasks": 4}, "checkpoint_every": 1,
@@ -64,7 +65,7 @@ def test_advantage_broadcast_to_every_turn_and_mask_exactly_generated():
 def test_task_seeds_form_contiguous_groups():
     config = build_config({"algo": "grpo", "grpo": {"tasks_per_step": 3, "group_size": 4}})
     model, tok = build_tiny_model()
-    seeds = GRPO(HFPolicy(model, tok), None, config).task_seeds(0)
+    seeds = GRPO(HFEngine(model, tok), None, config).task_seeds(0)
     assert len(seeds) == 12 and len(set(seeds)) == 3
     assert all(len(set(seeds[i : i + 4])) == 1 for i in range(0, 12, 4))
     assert config.episodes_per_step == 12
@@ -76,7 +77,7 @@ def _encoded(tok, text: str) -> list[int]:
 
 def test_one_update_changes_every_weight_and_lowers_its_loss():
     model, tok = build_tiny_model(seed=1)
-    policy = HFPolicy(model, tok)
+    policy = HFEngine(model, tok)
     config = build_config({"algo": "grpo", "seed": 0, "grpo": {
         "group_size": 2, "lr": 1e-3, "kl_beta": 1e-3, "epochs": 1, "minibatch_size": 64, "micro_batch_size": 4}})
     p = _encoded(tok, "1 .2\n2 21\nok t3\n>")
@@ -152,12 +153,12 @@ def test_shipped_configs_validate(name):
 def test_copies_of_a_task_in_one_batch_sample_independently():
     """A group's episodes share the task (same puzzle) but not the sampling stream."""
     from esopt.rollout import run_episodes
-    from esopt.train.common import env_factory
+    from esopt.train.tasks import env_factory
 
     config = build_config({"algo": "grpo", **TINY, "sampling": {"temperature": 1.0, "max_new_tokens": 6},
                            "grpo": {"tasks_per_step": 2, "group_size": 4}})
     model, tok = build_tiny_model()
-    policy = HFPolicy(model, tok)
+    policy = HFEngine(model, tok)
     seeds = GRPO(policy, None, config).task_seeds(0)
     trajs, _ = run_episodes(policy, env_factory(config), seeds, config.sampling.params(), seed=0)
     for g in range(2):

@@ -6,9 +6,9 @@ from safetensors.torch import load_file
 
 from esopt.es import ES, ESConfig, read_history, replay
 from esopt.es.noise import NoiseSource
-from esopt.train.common import load_model
 from esopt.train.config import load_config
 from esopt.train.es import train
+from esopt.train.models import load_model
 
 
 def net() -> torch.nn.Module:
@@ -68,7 +68,7 @@ def test_lowrank_training_replays_bit_exactly(tmp_path):
 def test_batched_forward_equals_explicitly_perturbed_weights():
     """Rows of one batch, each its own member, match the model with that member's weights written in."""
     from esopt.es.batched import BatchedLowRank
-    from esopt.policies import build_tiny_model
+    from esopt.models.tiny import build_tiny_model
 
     model, _ = build_tiny_model(seed=3)  # tied embedding / LM head: both paths of the hook
     es = ES(model, ESConfig(population_size=4, antithetic=True, sigma=0.05, sigma_schedule="constant",
@@ -92,8 +92,11 @@ def test_batched_forward_equals_explicitly_perturbed_weights():
 
 def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path):
     """Greedy: every member's batched episodes are token for token the in-place members' episodes."""
-    from esopt.train.common import Timers, env_factory
-    from esopt.train.es import BatchedEvaluator, LocalEvaluator
+    from esopt.population import PopulationContext
+    from esopt.population.batched import BatchedEvaluator
+    from esopt.population.local import LocalEvaluator
+    from esopt.train.evaluate import rollout_spec
+    from esopt.train.tasks import env_factory
 
     config = load_config("smoke", ["es.noise=lowrank", "es.sigma=0.2", "es.sigma_schedule=constant",
                                    "sampling.temperature=0", "es.batched=true"])
@@ -101,8 +104,9 @@ def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path):
     make = env_factory(config)
     es = ES(policy.model, config.strategy)
     members, tasks = es.ask(0), [101, 102, 103]
-    seq = LocalEvaluator(es, policy, make, config, Timers(), progress=False).evaluate(members, 0.2, tasks, 5)
-    bat = BatchedEvaluator(es, policy, make, config, Timers()).evaluate(members, 0.2, tasks, 5)
+    spec, context = rollout_spec(config, make), PopulationContext(es, policy, make, config.es.reward)
+    seq = LocalEvaluator(context).evaluate(members, 0.2, tasks, 5, spec)
+    bat = BatchedEvaluator(context).evaluate(members, 0.2, tasks, 5, spec)
     texts = [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in seq]
     assert texts == [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in bat]
     assert len({str(t) for t in texts}) > 1  # the members really behave differently
@@ -112,11 +116,13 @@ def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path):
 def test_grouped_shared_prefix_decoding_matches_each_member_alone():
     """Batched members with a shared prompt prefix: the prefix is encoded once per member (not once for all),
     and every row decodes what its member decodes alone with its weights written in."""
+    from esopt.engines.base import SamplingParams
+    from esopt.engines.hf import HFEngine
     from esopt.es.batched import BatchedLowRank
-    from esopt.policies import HFPolicy, SamplingParams, build_tiny_model
+    from esopt.models.tiny import build_tiny_model
 
     model, tok = build_tiny_model(seed=4)
-    policy = HFPolicy(model, tok, min_prefix_tokens=8)
+    policy = HFEngine(model, tok, min_prefix_tokens=8)
     es = ES(model, ESConfig(population_size=2, antithetic=True, sigma=0.3, sigma_schedule="constant",
                             noise="lowrank"))
     members = es.ask()
@@ -124,11 +130,9 @@ def test_grouped_shared_prefix_decoding_matches_each_member_alone():
     greedy = SamplingParams(temperature=0, max_new_tokens=6)
     rows = [0, 0, 1, 1]
     host = BatchedLowRank(model, es.perturbation)
-    policy.row_groups, policy.on_rows = rows, host.set_rows
-    with host.members(members, 0.3):
-        host.set_rows(rows)
-        batched = policy.generate(prompts * 2, greedy)
-    policy.row_groups = policy.on_rows = None
+    with host.members(members, 0.3), policy.route_members(host):
+        batched = policy.generate(prompts * 2, greedy, members=rows)
+    assert policy.router is None  # routing ends with the block
     alone = []
     for m in members:
         with es.perturbed(m):

@@ -6,9 +6,9 @@ from safetensors.torch import load_file
 
 from esopt.es import ES, ESConfig, GaussianNoise, read_history, register_perturbation, replay
 from esopt.es.perturbation import PERTURBATIONS
-from esopt.train.common import load_model
 from esopt.train.config import build_config, load_config
 from esopt.train.es import train
+from esopt.train.models import load_model
 
 
 class RademacherNoise(GaussianNoise):

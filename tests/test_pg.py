@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from esopt.policies import HFPolicy, SamplingParams, build_tiny_model
+from esopt.engines.base import SamplingParams
+from esopt.engines.hf import HFEngine
+from esopt.models.tiny import build_tiny_model
 from esopt.rollout import Trajectory, Turn
-from esopt.train.common import RunDir
 from esopt.train.pg import (
     STATE_FILE,
     Norm,
@@ -28,6 +29,7 @@ from esopt.train.pg import (
     token_logprobs,
     turn_samples,
 )
+from esopt.train.rundir import RunDir
 
 PAD = 0
 
@@ -67,7 +69,7 @@ def test_turn_samples_drop_empty_generations_unless_asked():
 def test_token_logprobs_match_the_generation_logprobs():
     """Right-padded teacher forcing reproduces the left-padded sampler's log-probs (same temperature)."""
     model, tok = build_tiny_model(seed=3)
-    policy = HFPolicy(model, tok)
+    policy = HFEngine(model, tok)
     sampling = SamplingParams(temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=6)
     gens = policy.generate(["1 .2\n>", "12 34 .1\n>"], sampling, seed=5, return_logprobs=True)
     batch = collate([TurnSample(g.prompt_ids, g.token_ids) for g in gens], tok.pad_token_id)
@@ -156,7 +158,7 @@ def test_shuffle_generator_is_deterministic_per_seed_and_step():
 
 def test_checkpoint_holds_state_and_resume_skips_incomplete_ones(tmp_path):
     model, tok = build_tiny_model()
-    policy = HFPolicy(model, tok)
+    policy = HFEngine(model, tok)
     rd = RunDir(tmp_path)
     w = torch.nn.Parameter(torch.ones(2))
     opt = make_optimizer([("policy", [w], 1e-3)], PGSection())

@@ -1,4 +1,4 @@
-"""Policy backends: char tokenizer, tiny Llama, HFPolicy generation, load_policy, SmolLM2."""
+"""Engine backends: char tokenizer, tiny Llama, HFEngine generation, load_policy, SmolLM2."""
 
 from __future__ import annotations
 
@@ -6,24 +6,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from esopt.policies import (
-    HFPolicy,
-    Policy,
-    SamplingParams,
-    TinyConfig,
-    build_char_tokenizer,
-    build_tiny_model,
-    load_policy,
-)
-from esopt.policies import smollm2 as smol
+from esopt.engines.base import Engine, SamplingParams
+from esopt.engines.hf import HFEngine
+from esopt.models import load_policy
+from esopt.models import smollm2 as smol
+from esopt.models.tiny import TinyConfig, build_char_tokenizer, build_tiny_model
 
 ASCII = "".join(chr(c) for c in range(32, 127)) + "\n"
 
 
 @pytest.fixture(scope="module")
-def policy() -> HFPolicy:
+def policy() -> HFEngine:
     model, tokenizer = build_tiny_model(seed=0)
-    return HFPolicy(model, tokenizer)
+    return HFEngine(model, tokenizer)
 
 
 PROMPTS = ["1 12.4\n2 .4.2\nok t9\n>", "hello\n>", "a much longer prompt than the others\n>", "x\n>"]
@@ -106,11 +101,11 @@ def test_tiny_save_load_same_logits(tmp_path):
     assert pol.build_prompt([{"role": "user", "content": "x"}]) == "x\n>"
 
 
-# ----------------------------------------------------------------------------- HFPolicy
+# ----------------------------------------------------------------------------- HFEngine
 
 
 def test_protocol_and_device(policy):
-    assert isinstance(policy, Policy)
+    assert isinstance(policy, Engine)
     assert policy.device == torch.device("cpu")
     assert policy.tokenizer.padding_side == "left"
 
@@ -177,9 +172,9 @@ def test_generate_empty_list(policy):
 
 def test_from_pretrained_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        HFPolicy.from_pretrained(tmp_path / "nope")
+        HFEngine.from_pretrained(tmp_path / "nope")
     with pytest.raises(ValueError, match="unknown dtype"):
-        HFPolicy.from_pretrained(tmp_path, dtype="float8")
+        HFEngine.from_pretrained(tmp_path, dtype="float8")
     with pytest.raises(FileNotFoundError, match="unknown model .no-such-model."):
         load_policy("no-such-model")
 
@@ -245,7 +240,7 @@ def test_smollm2_gguf_direct_matches_converted(smollm2_dir):
 
 def test_gguf_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        HFPolicy.from_pretrained(tmp_path / "model.gguf")
+        HFEngine.from_pretrained(tmp_path / "model.gguf")
 
 
 @pytest.mark.slow

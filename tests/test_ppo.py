@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from esopt.policies import HFPolicy, build_tiny_model
+from esopt.engines.hf import HFEngine
+from esopt.models.tiny import build_tiny_model
 from esopt.rollout import Trajectory, Turn
 from esopt.train.config import ConfigError, build_config, load_config
 from esopt.train.pg import STATE_FILE, TurnSample, collate, minibatch_norm
-from esopt.train.ppo import PPO, Critic, PPOTrainConfig, explained_variance, gae, train, turn_rewards
+from esopt.train.pg.ppo import PPO, Critic, PPOTrainConfig, explained_variance, gae, train, turn_rewards
 
 TINY = {"model": {"name": "tiny"}, "env": {"kwargs": {"size": 4, "h_star": 2}},
         "sampling": {"max_new_tokens": 8}, "eval": {"every": 1, "tasks": 4}, "checkpoint_every": 1,
@@ -82,7 +83,7 @@ def _encoded(tok, text: str) -> list[int]:
 
 def test_one_update_changes_policy_and_critic_and_lowers_its_loss():
     model, tok = build_tiny_model(seed=1)
-    policy = HFPolicy(model, tok)
+    policy = HFEngine(model, tok)
     config = build_config({"algo": "ppo", "ppo": {"lr": 1e-3, "critic_lr": 1e-3, "epochs": 1, "minibatch_size": 64,
                                                   "micro_batch_size": 4}})
     p = _encoded(tok, "1 .2\n2 21\nok t3\n>")

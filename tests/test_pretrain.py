@@ -9,8 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from esopt.cli import main as cli_main
+from esopt.engines.hf import HFEngine
 from esopt.envs.sudoku import SudokuEnv, oracle_move, parse_action
-from esopt.envs.sudoku_warm_start import (
+from esopt.models.tiny import build_tiny_model
+from esopt.rollout import build_markov_prompt
+from esopt.train.sft import (
     Demo,
     encode_batch,
     iter_demos,
@@ -18,14 +21,12 @@ from esopt.envs.sudoku_warm_start import (
     random_invalid_move,
     take,
 )
-from esopt.policies import HFPolicy, build_tiny_model
-from esopt.rollout import build_markov_prompt
 
 
 @pytest.fixture(scope="module")
-def policy() -> HFPolicy:
+def policy() -> HFEngine:
     model, tokenizer = build_tiny_model(seed=0)
-    return HFPolicy(model, tokenizer)
+    return HFEngine(model, tokenizer)
 
 
 def test_demos_match_rollout_prompts_and_feedback(policy):

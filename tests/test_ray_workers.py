@@ -41,12 +41,12 @@ def _weights(run):
 
 @pytest.mark.slow
 def test_two_ray_workers_give_the_single_process_weights_even_when_one_is_killed(tmp_path, monkeypatch):
-    import esopt.train.distributed as dist
+    import esopt.population.ray as dist
 
     train(load_config("smoke", COMMON), tmp_path / "local", progress=False)
     real_evaluate, killed = dist.RayEvaluator.evaluate, []
 
-    def evaluate_and_kill_one(self, members, sigma, task_seeds, rollout_seed):
+    def evaluate_and_kill_one(self, members, sigma, task_seeds, rollout_seed, spec):
         if not killed:  # generation 1: kill worker 0 while members are running
             victim = self.actors[0]
 
@@ -56,7 +56,7 @@ def test_two_ray_workers_give_the_single_process_weights_even_when_one_is_killed
                 killed.append(victim)
 
             threading.Thread(target=kill, daemon=True).start()
-        return real_evaluate(self, members, sigma, task_seeds, rollout_seed)
+        return real_evaluate(self, members, sigma, task_seeds, rollout_seed, spec)
 
     monkeypatch.setattr(dist.RayEvaluator, "evaluate", evaluate_and_kill_one)
     out = tmp_path / "ray"
@@ -71,17 +71,21 @@ def test_two_ray_workers_give_the_single_process_weights_even_when_one_is_killed
 @pytest.mark.slow
 def test_a_drifted_replica_is_detected_and_replaced(tmp_path):
     from esopt.es import ES
-    from esopt.train.common import load_model
-    from esopt.train.distributed import RayEvaluator, weights_checksum
+    from esopt.population.ray import weights_checksum
+    from esopt.train.es import population_evaluator
+    from esopt.train.evaluate import rollout_spec
+    from esopt.train.models import load_model
+    from esopt.train.tasks import env_factory
 
     config = load_config("smoke", [*COMMON, "distributed.backend=ray", "distributed.workers=2"])
     policy = load_model(config.model, config.env.kwargs)
     es = ES(policy.model, config.strategy)
     logs = []
-    evaluator = RayEvaluator(config, policy.model, [], tmp_path, log=logs.append)
+    make = env_factory(config)
+    evaluator = population_evaluator(config, es, policy, make, run_dir=tmp_path, log=logs.append)
     try:
         members = es.ask(0)
-        results = evaluator.evaluate(members, es.sigma, [11, 12], rollout_seed=3)
+        results = evaluator.evaluate(members, es.sigma, [11, 12], 3, rollout_spec(config, make))
         es.tell([r.reward + 0.01 * i for i, r in enumerate(results)])
         ray.get(evaluator.actors[1].corrupt.remote())
         evaluator.sync(es.last_record)

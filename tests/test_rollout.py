@@ -9,7 +9,9 @@ import gymnasium as gym
 import pytest
 import torch
 
-from esopt.policies import Completion, HFPolicy, SamplingParams, build_tiny_model
+from esopt.engines.base import Completion, SamplingParams
+from esopt.engines.hf import HFEngine
+from esopt.models.tiny import build_tiny_model
 from esopt.rollout import RolloutStats, Trajectory, markov_messages, run_episodes, turn_seed
 
 
@@ -80,9 +82,9 @@ class BisectPolicy:
 
 
 @pytest.fixture(scope="module")
-def policy() -> HFPolicy:
+def policy() -> HFEngine:
     model, tokenizer = build_tiny_model(seed=0)
-    return HFPolicy(model, tokenizer)
+    return HFEngine(model, tokenizer)
 
 
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)
@@ -287,7 +289,7 @@ def test_history_context_budget_drops_oldest_exchanges(policy):
 
 
 def test_stop_strings_cut_text_and_tokens(policy):
-    from esopt.policies.base import cut_at_stop
+    from esopt.engines.base import cut_at_stop
 
     tok = policy.tokenizer
     ids = tok("abc STOP def", add_special_tokens=False)["input_ids"]

@@ -6,16 +6,18 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from esopt.engines.base import SamplingParams
+from esopt.engines.hf import HFEngine
+from esopt.engines.prefix import filter_logits, shared_prefix_length
 from esopt.envs import make_env
-from esopt.policies import HFPolicy, SamplingParams, build_tiny_model
-from esopt.policies.prefix import filter_logits, shared_prefix_length
+from esopt.models.tiny import build_tiny_model
 from esopt.rollout import build_markov_prompt, env_examples
 
 
 @pytest.fixture(scope="module")
 def prompts_and_policy():
     model, tokenizer = build_tiny_model(seed=3)
-    policy = HFPolicy(model, tokenizer)
+    policy = HFEngine(model, tokenizer)
     env = make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)
     examples = env_examples(env, 2)
     prompts = []
@@ -110,7 +112,7 @@ def test_multi_turn_rollout_reuses_the_prefix_and_matches_a_rollout_without_it()
             return getattr(self.inner, name)
 
     model, tokenizer = build_tiny_model(seed=3)
-    policy = HFPolicy(model, tokenizer)
+    policy = HFEngine(model, tokenizer)
     env = make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)
     examples = env_examples(env, 2)
     make = lambda: make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)  # noqa: E731

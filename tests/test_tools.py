@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from esopt.engines.base import Completion, SamplingParams
 from esopt.envs import DOCQA_ID, MATH_ID, check_env, make_env
 from esopt.envs.docqa import ocr_lines, page_lines, parse_amount
-from esopt.envs.tools import Answer, Malformed, Tool, ToolCall, make_tool, parse_turn, run_python
+from esopt.envs.tools import Answer, Malformed, Tool, ToolCall, make_tool, parse_turn
 from esopt.envs.tools.answers import anls, exact_match, math_equal
-from esopt.policies.base import Completion, SamplingParams
 from esopt.rollout import run_episodes
 
 SUM = Tool("add", "add two numbers", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}},
@@ -86,7 +86,7 @@ def test_fuzzed_replies_to_docqa_get_feedback(parts):
     assert isinstance(obs, str) and info["action_is_valid"] in (True, False)
 
 
-# -- sandbox: each hazard is contained, and the host carries on
+# -- the python tool (the sandbox itself: tests/test_sandbox.py)
 def test_python_tool_runs_code_and_reports_errors():
     python = make_tool("python", timeout=5)
     assert python.run(code="print(sum(range(10)))") == "45"
@@ -94,73 +94,6 @@ def test_python_tool_runs_code_and_reports_errors():
     assert "no output" in python.run(code="x = 1")
     long = make_tool("python", max_output_bytes=100).run(code="print('y' * 5000)")
     assert len(long) <= 100 and "truncated" in long
-
-
-def test_sandbox_stops_an_infinite_loop():
-    r = run_python("while True: pass", timeout=10, cpu_seconds=1)
-    assert r.returncode != 0 and "time limit" in r.observation(500) and r.seconds < 9
-
-
-def test_sandbox_stops_a_sleeper_at_the_wall_clock():
-    r = run_python("import time; time.sleep(60)", timeout=1)
-    assert r.timed_out and "wall-clock" in r.observation(500)
-
-
-def test_sandbox_contains_a_memory_bomb():
-    r = run_python("a = []\nwhile True: a.append(' ' * 10**7)", timeout=10, memory_mb=256)
-    assert r.returncode != 0 and "MemoryError" in r.observation(500)
-
-
-def test_sandbox_contains_a_fork_bomb():
-    r = run_python("import os\nwhile True: os.fork()", timeout=5)
-    assert r.returncode != 0 and "not allowed" in r.observation(500)
-    r = run_python("import subprocess; subprocess.run(['true'])", timeout=5)
-    assert "not allowed" in r.observation(500)
-
-
-def test_sandbox_refuses_writes_outside_its_directory(tmp_path):
-    target = tmp_path / "escaped.txt"
-    r = run_python(f"open({str(target)!r}, 'w').write('x')", timeout=5)
-    assert "not allowed" in r.observation(500) or "outside" in r.observation(500)
-    assert not target.exists()
-    assert run_python("open('inside.txt', 'w').write('ok'); print(open('inside.txt').read())").stdout.strip() == "ok"
-
-
-def test_sandbox_keeps_code_in_its_directory():
-    escapes = {
-        "chdir": "import os; os.chdir('/'); open('x', 'w')",
-        "dir fd": "import os; fd = os.open('/proc', 0); os.open(f'{os.getppid()}/environ', 0, dir_fd=fd)",
-        "relative to a deeper fd": ("import os; os.makedirs('a/b'); fd = os.open('a/b', 0)\n"
-                                    "open('../../../x', 'w', opener=lambda p, f: os.open(p, f, dir_fd=fd))"),
-        "private fork_exec": "import subprocess; subprocess._fork_exec(*([None] * 23))",
-    }
-    for what, code in escapes.items():
-        r = run_python(code, timeout=5)
-        assert r.returncode != 0 and "PermissionError: sandbox" in r.observation(500), what
-
-
-def test_sandbox_has_no_network():
-    import socket
-
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    port = server.getsockname()[1]
-    try:
-        r = run_python(f"import socket; s = socket.socket(); s.connect(('127.0.0.1', {port})); print('connected')",
-                       timeout=5)
-        assert "connected" not in r.stdout and r.returncode != 0
-    finally:
-        server.close()
-
-
-def test_sandbox_cannot_read_the_parents_environment(monkeypatch):
-    monkeypatch.setenv("ESOPT_TEST_SECRET", "hunter2")
-    r = run_python("import os\nprint(dict(os.environ))\nprint(open(f'/proc/{os.getppid()}/environ').read())",
-                   timeout=5)
-    assert "hunter2" not in r.stdout + r.stderr
-    assert "ESOPT_TEST_SECRET" not in r.stdout
-    assert run_python("print(6 * 7)").stdout.strip() == "42"  # the host is fine afterwards
 
 
 # -- answers

@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from esopt.es import read_history, replay
-from esopt.train.common import load_model
 from esopt.train.config import ConfigError, build_config, load_config
 from esopt.train.es import train
+from esopt.train.models import load_model
 
 TINY = [
     "steps=2", "model.name=tiny-sudoku", "model.warm_start_steps=60", "env.kwargs.size=4", "env.kwargs.h_star=3", "sampling.max_new_tokens=10",
@@ -163,19 +163,18 @@ def test_train_loop_climbs_a_reward_that_is_linear_in_the_weights(tmp_path, monk
     generation's z-scored update moves theta along u (sum_i z_i <eps_i, u> > 0); antithetic pairs make the
     population's mean reward exactly <theta, u>, so it must rise every generation. A reward/member mix-up,
     a sign error or an update along the wrong seeds makes <theta, u> drift at random instead."""
-    import esopt.train.es as es_train
-    from esopt.rollout import RolloutStats, Trajectory
+    from esopt.rollout import RolloutSpec, RolloutStats, Trajectory
 
     probe: dict = {}
 
-    def linear_reward_rollout(policy, config, make, task_seeds, seed, **kwargs):
+    def linear_reward_rollout(self, policy, make, task_seeds, seed, **kwargs):
         if "u" not in probe:
             probe["param"] = policy.model.model.layers[0].mlp.up_proj.weight
             probe["u"] = torch.randn(probe["param"].shape, generator=torch.Generator().manual_seed(5))
         value = float((probe["param"].detach() * probe["u"]).sum())  # the weights as perturbed right now
         return [Trajectory(task_seed=s, reward=value) for s in task_seeds], RolloutStats(episodes=len(task_seeds))
 
-    monkeypatch.setattr(es_train, "rollout", linear_reward_rollout)
+    monkeypatch.setattr(RolloutSpec, "run", linear_reward_rollout)
     config = build_config({}, [*TINY, "steps=4", "eval.every=0", "checkpoint_every=10", "es.reward=env",
                                "es.antithetic=true"])
     out = tmp_path / "run"
@@ -204,17 +203,17 @@ def test_shipped_smoke_config_makes_real_updates(tmp_path):
 
 
 def test_ctrl_c_checkpoints_and_says_there_was_no_final_eval(tmp_path, monkeypatch, capsys):
-    import esopt.train.es as es_train
+    import esopt.population.local as local
 
-    real, calls = es_train.rollout, {"n": 0}
+    real, calls = local.run_member, {"n": 0}
 
-    def rollout_then_ctrl_c(*args, **kwargs):
+    def member_then_ctrl_c(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] > 4:  # 4 members of generation 1 finish, then Ctrl-C in generation 2
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(es_train, "rollout", rollout_then_ctrl_c)
+    monkeypatch.setattr(local, "run_member", member_then_ctrl_c)
     out = tmp_path / "run"
     summary = train(load_config("smoke", ["steps=3", "eval.tasks=2", "eval.every=0"]), out, progress=False)
     text = capsys.readouterr().out

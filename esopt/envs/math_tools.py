@@ -6,7 +6,13 @@ line (`data_file`, e.g. DAPO or AIME: the task for seed s is line s mod N). The 
 equals the gold answer (`esopt.envs.tools.answers.math_equal`: numbers, fractions and simple expressions),
 else 0.
 
+The Python tool runs each call in a fresh sandbox (`esopt.sandbox`): `sandbox` names the backend, "bwrap"
+(the default: bubblewrap namespaces, the real boundary; needs `apt-get install bubblewrap`, and the env
+refuses to start without it) or "process" (a contained child process: accidents, not attackers; chosen by
+name only, and warned about once).
+
     env = gymnasium.make("esopt/MathTool-v0", tasks=["basic_arithmetic"], max_turns=4)
+    env = gymnasium.make("esopt/MathTool-v0", sandbox="process")  # where bubblewrap cannot run
 """
 
 from __future__ import annotations
@@ -59,12 +65,14 @@ class MathToolEnv(ToolEnv):
 
     def __init__(self, tasks: Sequence[str] = DEFAULT_TASKS, task_config: Mapping[str, Mapping[str, Any]] | None = None,
                  data_file: str | None = None, max_turns: int = 4, call_format: str = "tagged",
-                 observation_chars: int = 400, python_timeout: float = 5.0, render_mode: str | None = None) -> None:
+                 observation_chars: int = 400, python_timeout: float = 5.0, render_mode: str | None = None,
+                 sandbox: str = "bwrap") -> None:
         if isinstance(tasks, str):
             tasks = [tasks]
         self.task_names = list(tasks)
         self.task_config = {k: dict(v) for k, v in (task_config or {}).items()}
         self.python_timeout = float(python_timeout)
+        self.sandbox = str(sandbox)
         self.rows = load_math_jsonl(data_file) if data_file else None
         if self.rows is None:
             import reasoning_gym
@@ -78,7 +86,8 @@ class MathToolEnv(ToolEnv):
                          render_mode=render_mode)
 
     def _make_tools(self) -> dict[str, Tool]:
-        return {"python": make_tool("python", timeout=self.python_timeout, cpu_seconds=max(1, int(self.python_timeout)))}
+        return {"python": make_tool("python", timeout=self.python_timeout, cpu_seconds=max(1, int(self.python_timeout)),
+                                    sandbox=self.sandbox)}
 
     def _new_task(self, seed: int, options: Mapping[str, Any] | None) -> tuple[dict[str, str], str]:
         if options and "question" in options:

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from esopt.es.kinds import DEFAULT_CHUNK_NUMEL, noise_kinds, perturbation_class
 from esopt.es.schedules import Schedule, ScheduleKind
 from esopt.es.scope import ParamScope
-
-DEFAULT_CHUNK_NUMEL = 1 << 20  # 4 MiB of fp32 per noise chunk
-
-
-def noise_kinds() -> list[str]:
-    """Registered noise kinds. A kind is registered by importing `esopt.es.perturbation` (torch) and
-    calling `register_perturbation`; until that module is loaded only the built-in kind exists, so
-    checking a config never has to load torch."""
-    registry = sys.modules.get("esopt.es.perturbation")
-    return sorted(registry.PERTURBATIONS) if registry else ["lowrank", "normal"]
 
 
 class ESConfig(BaseModel):
@@ -67,8 +57,6 @@ class ESConfig(BaseModel):
         return ParamScope(self.scope, self.scope_pattern)
 
     def noise_spec(self) -> dict:
-        from esopt.es.perturbation import perturbation_class
-
         return perturbation_class(self.noise).make_spec(self.chunk_numel, rank=self.noise_rank,
                                                          others=self.noise_others)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from esopt.es.config import DEFAULT_CHUNK_NUMEL
+from esopt.es.kinds import DEFAULT_CHUNK_NUMEL
 
 _MASK64 = (1 << 64) - 1
 

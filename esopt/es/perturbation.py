@@ -24,7 +24,8 @@ from typing import ClassVar
 
 import torch
 
-from esopt.es.noise import DEFAULT_CHUNK_NUMEL, NoiseSource
+from esopt.es.kinds import DEFAULT_CHUNK_NUMEL, PERTURBATIONS, perturbation_class
+from esopt.es.noise import NoiseSource
 
 Params = Sequence[tuple[str, torch.nn.Parameter]]
 
@@ -166,9 +167,6 @@ class GaussianNoise(Perturbation):
         return math.sqrt(sq / max(count, 1))
 
 
-PERTURBATIONS: dict[str, type[Perturbation]] = {}
-
-
 def register_perturbation(cls: type[Perturbation]) -> type[Perturbation]:
     """Make a noise kind available to `ES` (config `noise: <dist>`) and to `replay` (usable as a decorator)."""
     if not cls.dist:
@@ -178,12 +176,6 @@ def register_perturbation(cls: type[Perturbation]) -> type[Perturbation]:
 
 
 register_perturbation(GaussianNoise)
-
-
-def perturbation_class(dist: str) -> type[Perturbation]:
-    if dist not in PERTURBATIONS:
-        raise ValueError(f"unknown noise kind {dist!r}; registered: {sorted(PERTURBATIONS)}")
-    return PERTURBATIONS[dist]
 
 
 def check_spec(spec: dict, cls: type[Perturbation]) -> None:

@@ -27,7 +27,7 @@ class Reflector(Protocol):
 
 class PolicyReflector:
     def __init__(self, policy, max_new_tokens: int = 256):
-        from esopt.policies.base import SamplingParams
+        from esopt.engines.base import SamplingParams
 
         self.policy, self.sampling = policy, SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
 

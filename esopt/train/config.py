@@ -14,8 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from esopt.engines.base import SamplingParams
 from esopt.es.config import ESConfig
-from esopt.policies.base import SamplingParams
 
 
 class ConfigError(ValueError):
@@ -29,13 +29,14 @@ class Section(BaseModel):
 class ModelSection(Section):
     @property
     def resolved_dtype(self) -> str:
-        from esopt.policies import model_dtype
+        from esopt.models import model_dtype
 
         return model_dtype(self.name, self.dtype)
 
     name: str = Field("tiny", description="'tiny', 'tiny-sudoku' (warm-started, cached), 'smollm2', a local HF dir or .gguf")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: bfloat16 for smollm2, else float32")
     device: str = Field("cpu", description="cpu, auto (cuda if available), cuda, cuda:N, mps or xpu")
+    engine: str = Field("hf", description="inference engine by registered name (esopt.engines.ENGINES)")
     seed: int = Field(0, description="init seed of a fresh tiny model (and of the warm start)")
     warm_start_steps: int = Field(800, ge=1, description="supervised steps of the 'tiny-sudoku' warm start")
 
@@ -120,6 +121,8 @@ class ESSection(ESConfig):
 
     batched: bool = Field(False, description="lowrank noise: roll out all members' episodes in one batch, each row "
                           "adding its member's low-rank term (G x E episodes per generate call)")
+    evaluator: str | None = Field(None, description="population evaluator by registered name (esopt.population); "
+                                  "default: ray with distributed.backend ray, batched with es.batched, else local")
 
     @model_validator(mode="after")
     def _check_pool(self) -> ESSection:
@@ -185,6 +188,12 @@ class ESTrainConfig(BaseTrainConfig):
         return self
 
     @property
+    def population_evaluator(self) -> str:
+        if self.es.evaluator is not None:
+            return self.es.evaluator
+        return "ray" if self.distributed.backend == "ray" else "batched" if self.es.batched else "local"
+
+    @property
     def episodes_per_step(self) -> int:
         return self.es.population_size * self.es.tasks_per_member
 
@@ -202,11 +211,77 @@ class ESTrainConfig(BaseTrainConfig):
                                     "seed": self.seed if e.seed is None else e.seed})
 
 
-CONFIG_CLASSES: dict[str, type[BaseTrainConfig]] = {"es": ESTrainConfig}
+# --- policy-gradient baselines ---------------------------------------------------------------------
+
+class PGSection(Section):
+    """Hyper-parameters GRPO and PPO share (each trainer overrides some defaults)."""
+
+    tasks_per_step: int = Field(128, ge=1, description="distinct training tasks per optimisation step")
+    reward: Literal["env", "success", "shaped"] = Field(
+        "env", description="episode score: env reward, success, or info['shaped_reward'] (as ES's member score)")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate of the policy")
+    weight_decay: float = Field(0.0, ge=0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(1e-8, gt=0)
+    max_grad_norm: float = Field(1.0, ge=0, description="clip the policy (and critic) gradient norm; 0: no clipping")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip: ratio kept in [1-eps, 1+eps]")
+    kl_beta: float = Field(1e-3, ge=0, description="k3 KL penalty to a frozen copy of the initial model; 0: none")
+    epochs: int = Field(1, ge=1, description="passes over each step's samples")
+    minibatch_size: int = Field(256, ge=1, description="(prompt, response) samples per optimizer step")
+    micro_batch_size: int = Field(16, ge=1, description="samples per forward/backward (gradient accumulation)")
+    loss_agg: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="policy loss: mean over the minibatch's generated tokens, or mean of per-sample means")
+
+    @model_validator(mode="after")
+    def _check_pg(self) -> PGSection:
+        if self.micro_batch_size > self.minibatch_size:
+            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must not exceed minibatch_size "
+                             f"({self.minibatch_size})")
+        if not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"adam_betas must lie in [0, 1) (got {list(self.adam_betas)})")
+        return self
 
 
-def register_config(algo: str, cls: type[BaseTrainConfig]) -> None:
-    CONFIG_CLASSES[algo] = cls
+class GRPOSection(PGSection):
+    tasks_per_step: int = Field(128, ge=1, description="distinct tasks per step (each rolled out group_size times)")
+    group_size: int = Field(8, ge=2, description="rollouts per task; advantages are z-scores within a group")
+    adv_eps: float = Field(1e-8, gt=0, description="added to the group std before dividing")
+
+
+class GRPOTrainConfig(BaseTrainConfig):
+    algo: Literal["grpo"] = "grpo"
+    grpo: GRPOSection = Field(default_factory=GRPOSection)
+
+    @property
+    def episodes_per_step(self) -> int:
+        """Episodes per step (what the inference-only memory probe rolls out)."""
+        return self.grpo.tasks_per_step * self.grpo.group_size
+
+
+class PPOSection(PGSection):
+    tasks_per_step: int = Field(1024, ge=1, description="episodes per step (ES: 32 members x 32 tasks = 1024)")
+    epochs: int = Field(4, ge=1, description="passes over each step's samples")
+    kl_beta: float = Field(0.0, ge=0, description="k3 KL penalty to the initial model; 0 (default): no reference")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount per turn")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    vf_coef: float = Field(0.5, ge=0, description="weight of the value loss")
+    value_clip: float = Field(0.2, ge=0, description="clip of the value change around the old value; 0: unclipped")
+    critic_lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the critic")
+    norm_adv: bool = Field(True, description="normalize advantages over the batch's turns")
+
+
+class PPOTrainConfig(BaseTrainConfig):
+    algo: Literal["ppo"] = "ppo"
+    ppo: PPOSection = Field(default_factory=PPOSection)
+
+    @property
+    def episodes_per_step(self) -> int:
+        """Episodes per step (what the inference-only memory probe rolls out)."""
+        return self.ppo.tasks_per_step
+
+
+# one config class per algorithm; the trainer of each is `esopt.train.TRAINERS[algo]`
+CONFIG_CLASSES: dict[str, type[BaseTrainConfig]] = {"es": ESTrainConfig, "grpo": GRPOTrainConfig, "ppo": PPOTrainConfig}
 
 
 def _set_dotted(data: dict, key: str, value: Any) -> None:
@@ -249,8 +324,6 @@ def build_config(data: dict | None = None, overrides: list[str] | None = None) -
     parsed = parse_overrides(overrides or [])
     algo = dict(parsed).get("algo", data.get("algo", "es"))
     if algo not in CONFIG_CLASSES:
-        _load_trainers()
-    if algo not in CONFIG_CLASSES:
         raise ConfigError(f"config error: algo: unknown algorithm {algo!r}; choose one of {sorted(CONFIG_CLASSES)}")
     cls = CONFIG_CLASSES[algo]
     defaults = cls().model_dump()
@@ -271,17 +344,6 @@ def _deep_merge(base: dict, update: dict) -> dict:
     for k, v in update.items():
         out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-def _load_trainers() -> None:
-    """Importing the trainer modules registers their config classes."""
-    import importlib
-
-    for name in ("grpo", "ppo"):
-        try:
-            importlib.import_module(f"esopt.train.{name}")
-        except ImportError:
-            pass
 
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # package data: works in any install

@@ -19,25 +19,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from esopt.policies import HFPolicy
-from esopt.train.common import (
-    RunDir,
-    Timers,
-    env_factory,
-    evaluate,
-    inference_peak_bytes,
-    progress_bar,
-    read_summary,
-    say,
-)
+from esopt.engines.base import Engine
 from esopt.train.config import BaseTrainConfig
+from esopt.train.evaluate import evaluate, rollout_spec
+from esopt.train.memprobe import inference_peak_bytes
+from esopt.train.rundir import RunDir, read_summary
+from esopt.train.tasks import env_factory
 from esopt.utils.memory import fmt_bytes, peak_memory_bytes
+from esopt.utils.progress import progress_bar, say
+from esopt.utils.timers import Timers
 
 
 class Algorithm(Protocol):
     """One training algorithm as the loop sees it."""
 
-    policy: HFPolicy
+    policy: Engine
     unit: str  # what one step is called in logs: "generation" (ES) or "step"
     steps_done: int  # steps whose update is complete (set inside the update's SIGINT-deferred block)
 
@@ -55,6 +51,14 @@ class Algorithm(Protocol):
 
     def time_note(self, timers: Timers) -> str:
         """The summary's note on where the time went."""
+        ...
+
+    def final_files(self) -> dict:
+        """Extra files beside the final weights (the prompt program)."""
+        ...
+
+    def close(self) -> None:
+        """Release workers and clusters."""
         ...
 
 
@@ -86,10 +90,11 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
             shutil.rmtree(rd.root, ignore_errors=True)
         raise
     policy = algorithm.policy
+    eval_spec = rollout_spec(config, make_env)
 
     def run_eval(step: int) -> dict:
         t = time.perf_counter()
-        result = evaluate(policy, config, make_env)
+        result = evaluate(policy, config, eval_spec, make_env)
         timers.eval += time.perf_counter() - t
         rd.log(step, "eval", result)
         return result
@@ -134,9 +139,7 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
     finally:
         if bar:
             bar.close()
-        close = getattr(algorithm, "close", None)  # worker processes, clusters
-        if close is not None:
-            close()
+        algorithm.close()  # worker processes, clusters
     return finish(rd, algorithm, config, timers, evals, start, done, time.perf_counter() - t_start, interrupted,
                   progress)
 
@@ -168,8 +171,7 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
         "eval_before": first, "eval_after": last,
     }
     if not interrupted:
-        final_files = getattr(algorithm, "final_files", None)  # e.g. the prompt program
-        rd.save_final(policy, summary, final_files() if final_files else None)
+        rd.save_final(policy, summary, algorithm.final_files())
     rd.plot()
     rd.close()
     ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"

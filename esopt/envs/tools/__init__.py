@@ -19,15 +19,19 @@ from esopt.envs.tools.protocol import (
     registered_tools,
     stop_strings,
 )
-from esopt.envs.tools.sandbox import SandboxResult, run_python
+from esopt.sandbox import SandboxResult, check_backend, run_python
 
 
-def python_tool(timeout: float = 5.0, cpu_seconds: int = 5, memory_mb: int = 512, max_output_bytes: int = 8000) -> Tool:
-    """`python(code)`: run code in the sandbox; the observation is what it printed (and its error)."""
+def python_tool(timeout: float = 5.0, cpu_seconds: int = 5, memory_mb: int = 512, max_output_bytes: int = 8000,
+                sandbox: str = "bwrap") -> Tool:
+    """`python(code)`: run code in the sandbox (`sandbox`: a backend of esopt.sandbox, checked here, so a
+    machine without bubblewrap fails now, not at the first call); the observation is what it printed (and its
+    error)."""
+    check_backend(sandbox)
 
     def run(code: str) -> str:
         result = run_python(code, timeout=timeout, cpu_seconds=cpu_seconds, memory_mb=memory_mb,
-                            max_output_bytes=max_output_bytes)
+                            max_output_bytes=max_output_bytes, backend=sandbox)
         return result.observation(max_output_bytes)
 
     return Tool("python", "run Python 3 code in a fresh process and see what it prints (print() the result)",

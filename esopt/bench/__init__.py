@@ -1,1 +1,0 @@
-"""Benchmarks: speed, memory and ES-vs-RL comparisons (`esopt bench overhead | rollout | horizon`)."""

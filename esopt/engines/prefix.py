@@ -1,0 +1,199 @@
+"""Batched decoding that computes the KV cache of the prompts' shared prefix once.
+
+In an agent rollout every prompt of a batch starts with the same system prompt and worked examples
+(79% of a few-shot Sudoku prompt for SmolLM2). Plain batched `generate` re-encodes that prefix for
+every row. Here the prefix is encoded once at batch 1, its cache is repeated over the batch, and only
+the per-episode suffixes are encoded (left-padded *between* prefix and suffix, masked out, with
+position ids that continue the prefix), then a plain decode loop samples with the same rules as
+`transformers` (temperature, then top-k, then top-p; greedy when temperature is 0).
+
+A multi-turn rollout calls this once per turn with the same prefix. `PrefixKV` keeps the prefix's cache
+from one call to the next; the caller must drop it whenever the weights change (`HFEngine` keeps it for
+one rollout only, during which the weights are fixed).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import DynamicCache, LlamaForCausalLM
+from transformers.cache_utils import DynamicLayer
+
+from esopt.engines.base import SamplingParams
+
+# transformers 5.x renamed the forward's `past_key_values` to `cache`
+CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+class PrefixKV:
+    """The KV cache of one token prefix, per weight group, kept across generate calls (one entry)."""
+
+    def __init__(self) -> None:
+        self.reused_tokens = 0  # prefix tokens (per group) taken from the store instead of encoded: a statistic
+        self.clear()
+
+    def clear(self) -> None:
+        self.ids: tuple[int, ...] = ()
+        self.groups: dict[int, int] = {}  # group -> its row in the stored tensors
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def match(self, prefix: Sequence[int], groups: Sequence[int]) -> tuple[int, list[int]]:
+        """(tokens of `prefix` already cached, the stored row of every group); 0 tokens on a miss."""
+        if not self.layers or any(g not in self.groups for g in groups):
+            return 0, []
+        n = 0
+        for a, b in zip(self.ids, prefix):
+            if a != b:
+                break
+            n += 1
+        return n, [self.groups[g] for g in groups]
+
+    def save(self, prefix: Sequence[int], groups: Sequence[int], cache: DynamicCache) -> None:
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):  # sliding windows drop tokens: skip
+            return
+        # references, not copies: a DynamicCache replaces its tensors as it grows, it never writes into them
+        self.ids = tuple(prefix)
+        self.groups = {g: i for i, g in enumerate(groups)}
+        self.layers = [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def shared_prefix_length(ids: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common token prefix, leaving at least one suffix token in every row."""
+    if not ids:
+        return 0
+    shortest = min(len(x) for x in ids)
+    first = ids[0]
+    n = 0
+    while n < shortest - 1 and all(x[n] == first[n] for x in ids):
+        n += 1
+    return n
+
+
+def filter_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k and top-p (nucleus) in the order `transformers` applies them; (B, V) float."""
+    logits = logits / sampling.temperature
+    vocab = logits.shape[-1]
+    if 0 < sampling.top_k < vocab:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        remove_sorted = cumulative <= 1 - sampling.top_p
+        remove_sorted[:, -1] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(1, order, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def next_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """(B,) next token ids from (B, V) raw logits."""
+    if sampling.greedy:
+        return logits.argmax(-1)
+    probs = filter_logits(logits.float(), sampling).softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+@torch.inference_mode()
+def generate_with_shared_prefix(
+    model: torch.nn.Module,
+    ids: Sequence[Sequence[int]],
+    prefix_len: int,
+    sampling: SamplingParams,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    seed: int | None = None,
+    return_logprobs: bool = False,
+    groups: Sequence[int] | None = None,
+    set_rows: Callable[[list[int]], None] | None = None,
+    store: PrefixKV | None = None,
+    min_reuse: int = 1,
+) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Generated ids per row (cut after the first EOS) and, if asked, their log-probabilities under
+    softmax(raw logits / temperature) (temperature 1 when greedy).
+
+    `groups` (one id per row): rows of one group share weights, rows of different groups do not (batched ES
+    members). The prefix is then encoded once per group, not once for all, and `set_rows(ids)` is told the
+    group of every row of each forward pass: first the distinct groups (the prefix pass), then the rows.
+
+    With a `store`, a prefix cached by an earlier call (same weights: the caller's duty) is reused, at least
+    `min_reuse` tokens of it; only the rest of this call's prefix is encoded."""
+    dev = next(model.parameters()).device
+    batch = len(ids)
+    suffixes = [list(x[prefix_len:]) for x in ids]
+    width = max(len(s) for s in suffixes)
+    generator = None
+    if seed is not None and not sampling.greedy:
+        generator = torch.Generator(device=dev)
+        generator.manual_seed(seed)
+
+    cache = DynamicCache(config=model.config)
+    distinct = sorted(set(groups)) if groups is not None else [0]
+    if set_rows is not None:
+        set_rows(list(distinct))
+    reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
+    if reused < min_reuse:
+        reused = 0
+    if reused:
+        store.reused_tokens += reused
+        index = torch.tensor(rows, device=dev)
+        for layer, (k, v) in enumerate(store.layers):
+            cache.update(k[index, :, :reused], v[index, :, :reused], layer)
+    if reused < prefix_len:
+        prefix = torch.tensor([list(ids[0][reused:prefix_len])] * len(distinct), device=dev)
+        model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache})
+        if store is not None and not reused:
+            store.save(ids[0][:prefix_len], distinct, cache)
+    if groups is None:
+        cache.batch_repeat_interleave(batch)
+    else:
+        where = {g: k for k, g in enumerate(distinct)}
+        cache.batch_select_indices(torch.tensor([where[g] for g in groups], device=dev))
+        if set_rows is not None:
+            set_rows(list(groups))
+
+    # [prefix | pad ... | suffix_i]: pads are masked; positions continue the prefix without gaps
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((batch, prefix_len + width), dtype=torch.long)
+    mask[:, :prefix_len] = 1
+    positions = torch.zeros((batch, width), dtype=torch.long)
+    for i, s in enumerate(suffixes):
+        input_ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, prefix_len + width - len(s):] = 1
+        positions[i, width - len(s):] = torch.arange(prefix_len, prefix_len + len(s))
+    input_ids, mask, positions = input_ids.to(dev), mask.to(dev), positions.to(dev)
+    cache_position = torch.arange(prefix_len, prefix_len + width, device=dev)
+
+    eos = torch.tensor(list(eos_token_ids), device=dev)
+    done = torch.zeros(batch, dtype=torch.bool, device=dev)
+    steps: list[torch.Tensor] = []
+    logprobs: list[torch.Tensor] = []
+    temperature = 1.0 if sampling.greedy else sampling.temperature
+    for t in range(sampling.max_new_tokens):
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache_position=cache_position,
+                    use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache})
+        logits = out.logits[:, -1].float()  # (B, V)
+        token = next_tokens(logits, sampling, generator)
+        token = torch.where(done, torch.full_like(token, pad_token_id), token)
+        steps.append(token)
+        if return_logprobs:
+            logprobs.append(torch.log_softmax(logits / temperature, -1).gather(1, token[:, None]).squeeze(1))
+        done |= torch.isin(token, eos)
+        if bool(done.all()) or t + 1 == sampling.max_new_tokens:
+            break
+        input_ids = token[:, None]
+        positions = positions[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=dev)], dim=1)
+        cache_position = cache_position[-1:] + 1
+
+    table = torch.stack(steps, dim=1).tolist()  # (B, S)
+    is_eos = torch.isin(torch.stack(steps, dim=1), eos)
+    lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full((batch,), len(steps), device=dev))
+    token_lists = [row[:n] for row, n in zip(table, lengths.tolist())]
+    logprob_lists = None
+    if return_logprobs:
+        lp = torch.stack(logprobs, dim=1).tolist()
+        logprob_lists = [row[:n] for row, n in zip(lp, lengths.tolist())]
+    return token_lists, logprob_lists

@@ -1,0 +1,31 @@
+"""The benchmarks and analyses behind results/: one file each with a `main(argv) -> int`, found by name here
+(`esopt bench NAME ...`, `esopt analyze NAME ...`)."""
+
+from __future__ import annotations
+
+import importlib
+
+BENCHMARKS: dict[str, str] = {
+    "overhead": "esopt.experiments.es_overhead",
+    "rollout": "esopt.experiments.rollout_throughput",
+    "horizon": "esopt.experiments.horizon",  # a learning experiment: ES vs GRPO vs PPO as H* grows
+    "population": "esopt.experiments.population",
+    "gpu": "esopt.experiments.gpu",
+    "sandbox": "esopt.experiments.sandbox_overhead",  # per-call cost of each sandbox backend
+}
+ANALYSES: dict[str, str] = {
+    "variance": "esopt.experiments.variance",
+    "step": "esopt.experiments.step_probe",
+    "calibrate": "esopt.experiments.calibrate",
+    "neighbourhood": "esopt.experiments.neighbourhood",
+    "gain": "esopt.experiments.gain",
+}
+
+
+def run(kind: str, name: str, argv: list[str]) -> int:
+    """Run benchmark or analysis `name` (kind: "bench" | "analyze") with its own arguments."""
+    table = BENCHMARKS if kind == "bench" else ANALYSES
+    if name not in table:
+        what = "benchmark" if kind == "bench" else "analysis"
+        raise ValueError(f"unknown {what} {name!r}; choose one of {sorted(table)}")
+    return importlib.import_module(table[name]).main(argv) or 0

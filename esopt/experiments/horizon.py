@@ -1,0 +1,469 @@
+"""`esopt bench horizon`: ES vs GRPO vs PPO on multi-turn Sudoku as the horizon H* grows (the shape of the
+paper's Figure 3), from the same starting model with matched rollout budgets.
+
+Every (method, H*, seed) is a normal `train()` into `OUT/horizon/<method>_h<H>_s<seed>/` (its own config,
+metrics, plots, summary), by default in a fresh process each, so that each run's peak memory (VmHWM on
+CPU) is its own. Then `OUT/horizon.md` and `OUT/horizon.png` compare them: final held-out success
+(mean ± std over seeds, and the base model's), peak memory (and GRPO/ES, PPO/ES, ES/inference-only),
+wall-clock and generated tokens per step, and eval curves (held-out success and shaped score vs step,
+one subplot per H*).
+
+Matched budget: every method rolls out the same number of episodes per step M (ES: population N x
+tasks_per_member M/N; GRPO: tasks_per_step M/G x group_size G; PPO: tasks_per_step M) with the same
+sampling (T=0.7, top-p 0.8, top-k 20, max_new_tokens 10: "set r c v" + EOS) and the same training score
+(`--reward`, default the env's shaped score, see the note below; the paper trains on binary success;
+the env reward itself stays binary, so the eval's mean reward is its success rate). The starting model
+is `tiny-sudoku` (tiny Llama, ~1.05M parameters, warm-started 800 supervised steps on 4x4 solver demos;
+built once and cached), and every run evaluates the same held-out tasks with the same sampling seed, so
+step 0 of every run at one H* is the base model.
+
+Hyper-parameters are `HPARAMS` (change any with `--set es.sigma=1e-2 grpo.lr=3e-5 ...`); how they were
+calibrated and tuned, and the CPU budget per step, are in results/horizon.md.
+
+    esopt bench horizon                            # the CPU default into results/
+    esopt bench horizon --seeds 0 1 2 3 --resume   # add a seed, keep the finished runs
+    esopt bench horizon --size 6 --h-stars 5 10 15 # 6x6 board (its own warm start, built once)
+    esopt bench horizon --preset smoke --out /tmp/smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+METHODS = ("es", "grpo", "ppo")
+LABELS = {"es": "ES", "grpo": "GRPO", "ppo": "PPO"}
+PAPER = "paper (Qwen3.5-4B, 9x9, H* 5/10/15): PPO 90.63/56.25/0.00, GRPO 85.42/67.71/40.63, ES 89.58/62.50/53.13"
+
+HPARAMS: dict[str, dict] = {
+    "es": {"antithetic": True, "sigma": 3e-3, "sigma_min": 1e-3, "sigma_schedule": "cosine", "alpha": 1.5e-3,
+           "shaping": "zscore"},
+    "grpo": {"lr": 1e-5, "kl_beta": 1e-3, "clip_eps": 0.2, "epochs": 1, "minibatch_size": 256,
+             "micro_batch_size": 64},
+    "ppo": {"lr": 1e-5, "critic_lr": 1e-3, "kl_beta": 1e-3, "clip_eps": 0.2, "epochs": 2, "minibatch_size": 256,
+            "micro_batch_size": 64, "gamma": 1.0, "lam": 0.95},
+}
+
+
+@dataclass
+class Plan:
+    """What to run: the grid (methods x H* x seeds) and everything the runs share."""
+
+    h_stars: list[int]
+    seeds: list[int]
+    steps: int
+    episodes_per_step: int  # M, the same for every method
+    population: int  # ES members N (tasks per member M / N)
+    group_size: int  # GRPO rollouts per task G (tasks per step M / G)
+    eval_tasks: int
+    eval_every: int
+    warm_start_steps: int
+    measure_inference_peak: bool
+    isolate: bool  # one fresh process per run (honest per-run peak memory)
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    size: int = 4
+    reward: str = "shaped"  # training score of every method: shaped | success | env
+    max_new_tokens: int = 10
+    temperature: float = 0.7
+    overrides: list[str] = field(default_factory=list)  # `--set` dotted overrides
+
+    def check(self) -> None:
+        m = self.episodes_per_step
+        if bad := [x for x in self.methods if x not in METHODS]:
+            raise ValueError(f"unknown method(s) {bad}; choose from {list(METHODS)}")
+        if self.size not in (4, 6, 9):
+            raise ValueError(f"--size must be 4, 6 or 9 (got {self.size})")
+        if bad := [h for h in self.h_stars if not 1 <= h <= self.size ** 2]:
+            raise ValueError(f"--h-stars {bad} out of range 1..{self.size ** 2} for a {self.size}x{self.size} board")
+        if self.population % 2 or m % self.population:
+            raise ValueError(f"--episodes-per-step ({m}) must be a multiple of the ES population ({self.population}), "
+                             "which must be even (antithetic pairs)")
+        if m % self.group_size:
+            raise ValueError(f"--episodes-per-step ({m}) must be a multiple of the GRPO group size ({self.group_size})")
+        if not (self.h_stars and self.seeds and self.methods):
+            raise ValueError("need at least one method, one H* and one seed")
+
+
+PRESETS: dict[str, dict] = {
+    "cpu": dict(h_stars=[5, 10, 15], seeds=[0, 1, 2], steps=8, episodes_per_step=32, population=8, group_size=8,
+                eval_tasks=32, eval_every=2, warm_start_steps=800, measure_inference_peak=True, isolate=True),
+    "smoke": dict(h_stars=[1, 2], seeds=[0], steps=2, episodes_per_step=8, population=4, group_size=4,
+                  eval_tasks=4, eval_every=0, warm_start_steps=60, measure_inference_peak=False, isolate=False),
+}
+
+
+# --- configs ---------------------------------------------------------------------------------------
+
+def run_name(method: str, h_star: int, seed: int) -> str:
+    return f"{method}_h{h_star}_s{seed}"
+
+
+def run_config(plan: Plan, method: str, h_star: int, seed: int):
+    """The full training config of one run (validated), with the plan's matched budget."""
+    from esopt.train.config import build_config
+
+    m = plan.episodes_per_step
+    data = {
+        "algo": method, "seed": seed, "steps": plan.steps,
+        "model": {"name": "tiny-sudoku", "warm_start_steps": plan.warm_start_steps},
+        "env": {"id": "esopt/Sudoku-v0", "kwargs": {"size": plan.size, "h_star": h_star, "reward": "binary"}},
+        "sampling": {"temperature": plan.temperature, "top_p": 0.8, "top_k": 20, "max_new_tokens": plan.max_new_tokens},
+        "eval": {"every": plan.eval_every, "tasks": plan.eval_tasks, "repeats": 1},
+        "checkpoint_every": max(1, plan.steps // 2), "keep_checkpoints": 1,
+        # the inference-only probe costs a process start: once per (method, H*) is enough
+        "measure_inference_peak": plan.measure_inference_peak and seed == plan.seeds[0],
+    }
+    section = {**HPARAMS[method], "reward": plan.reward}
+    if method == "es":
+        section.update(population_size=plan.population, tasks_per_member=m // plan.population)
+    elif method == "grpo":
+        section.update(tasks_per_step=m // plan.group_size, group_size=plan.group_size)
+    else:
+        section.update(tasks_per_step=m)
+    data[method] = section
+    mine = [o for o in plan.overrides if o.split(".", 1)[0] not in METHODS or o.split(".", 1)[0] == method]
+    config = build_config(data, mine)
+    if config.episodes_per_step != m:
+        raise ValueError(f"--set {mine} gives {method} {config.episodes_per_step} episodes per step, not the "
+                         f"matched {m}: change --episodes-per-step, --population or --group-size instead")
+    return config
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+def _state(run: Path) -> str:
+    if (run / "summary.json").exists():
+        return "done"
+    if any((run / f).exists() for f in ("metrics.jsonl", "history.jsonl")):
+        return "partial"
+    return "new"
+
+
+def _train_in_process(run: Path, resume: bool, progress: bool) -> int:
+    from esopt.train.config import load_config
+
+    config = load_config(run / "config.yaml")
+    summary = importlib.import_module(f"esopt.train.{config.algo}").train(config, run, resume=resume,
+                                                                         progress=progress)
+    return 130 if summary.get("interrupted") else 0
+
+
+def _train_in_child(run: Path, resume: bool, threads: int) -> int:
+    cmd = [sys.executable, "-m", "esopt.experiments.horizon", "--child", str(run)] + (["--child-resume"] if resume else [])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.wait()  # the child got the same SIGINT: let it save its checkpoint first
+        raise
+
+
+def run_all(plan: Plan, out: Path, resume: bool = False, threads: int = 1, progress: bool = False) -> list[str]:
+    """Train every (method, H*, seed) not finished yet; returns the names of failed runs."""
+    from esopt.train.config import dump_config, load_config
+    from esopt.train.sft import warm_start_path
+
+    root = out / "horizon"
+    jobs = [(m, h, s) for h in plan.h_stars for s in plan.seeds for m in plan.methods]
+    configs = {run_name(*j): run_config(plan, *j) for j in jobs}  # validate every config before any work
+    states = {name: _state(root / name) for name in configs}
+    if not resume and (busy := [n for n, s in states.items() if s != "new"]):
+        raise FileExistsError(f"{root / busy[0]} already holds a run: pass --resume (skips finished runs, "
+                              "continues partial ones) or another --out")
+    warm_start_path(plan.size, plan.warm_start_steps)  # here, so no run's peak memory includes pretraining
+    failed, t0 = [], time.perf_counter()
+    for k, (name, config) in enumerate(configs.items()):
+        run = root / name
+        if states[name] == "done":
+            print(f"[{k + 1}/{len(configs)}] {name}: finished, skipped", flush=True)
+            continue
+        cont = states[name] == "partial"
+        if cont and load_config(run / "config.yaml").model_dump() != config.model_dump():
+            print(f"warning: {name}: continuing with its stored config.yaml, which differs from this plan",
+                  file=sys.stderr)
+        elif not cont:
+            run.mkdir(parents=True, exist_ok=True)
+            dump_config(config, run / "config.yaml")
+        print(f"[{k + 1}/{len(configs)}] {name}: {'continuing' if cont else 'training'} "
+              f"({config.episodes_per_step} episodes/step, {config.steps} steps) "
+              f"| {time.perf_counter() - t0:.0f}s elapsed", flush=True)
+        t = time.perf_counter()
+        rc = _train_in_child(run, cont, threads) if plan.isolate else _train_in_process(run, cont, progress)
+        if rc == 130:
+            raise KeyboardInterrupt
+        if rc or not (run / "summary.json").exists():
+            failed.append(name)
+            print(f"error: {name} failed (exit code {rc}); the report leaves it out", file=sys.stderr)
+            continue
+        (run / "bench.json").write_text(json.dumps({"wall_seconds": time.perf_counter() - t,
+                                                    "isolated": plan.isolate}))
+    return failed
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+@dataclass
+class RunResult:
+    method: str
+    h_star: int
+    seed: int
+    summary: dict
+    evals: list[tuple[int, float, float]]  # (step, held-out success, held-out shaped score)
+    train_rows: list[dict]
+    episodes_per_step: int
+    wall_seconds: float | None
+
+
+def _rows(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def load_results(plan: Plan, out: Path) -> list[RunResult]:
+    from esopt.train.config import load_config
+
+    results = []
+    for h in plan.h_stars:
+        for s in plan.seeds:
+            for m in plan.methods:
+                run = out / "horizon" / run_name(m, h, s)
+                if not (run / "summary.json").exists():
+                    continue
+                rows = _rows(run / "metrics.jsonl")
+                bench = json.loads((run / "bench.json").read_text()) if (run / "bench.json").exists() else {}
+                results.append(RunResult(
+                    m, h, s, json.loads((run / "summary.json").read_text()),
+                    sorted((r["step"], r["success_rate"], r.get("shaped_reward", math.nan))
+                           for r in rows if r["kind"] == "eval"),
+                    [r for r in rows if r["kind"] == "train"], load_config(run / "config.yaml").episodes_per_step,
+                    bench.get("wall_seconds")))
+    return results
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _std(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    mu = _mean(xs)
+    return math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def _mib(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x / 2**20:.0f} MiB"
+
+
+def _ratio(a: float, b: float) -> str:
+    return "n/a" if not b or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
+
+
+def report(plan: Plan, results: list[RunResult]) -> str:
+    """The markdown of horizon.md (tables only; the curves are horizon.png)."""
+    methods = [m for m in plan.methods if any(r.method == m for r in results)]
+    by = {(m, h): [r for r in results if r.method == m and r.h_star == h] for m in plan.methods for h in plan.h_stars}
+    m_eps = plan.episodes_per_step
+    lines = [
+        f"# Horizon benchmark: ES vs GRPO vs PPO on {plan.size}x{plan.size} Sudoku", "",
+        f"Model `tiny-sudoku` (warm start {plan.warm_start_steps} steps); H* {plan.h_stars}; seeds {plan.seeds}; "
+        f"{plan.steps} steps; **{m_eps} episodes per step for every method** (ES: {plan.population} members x "
+        f"{m_eps // plan.population} tasks, antithetic; GRPO: {m_eps // plan.group_size} tasks x group "
+        f"{plan.group_size}; PPO: {m_eps} tasks); sampling T={plan.temperature}, top-p 0.8, top-k 20, "
+        f"max {plan.max_new_tokens} new tokens; training score `{plan.reward}`; held-out eval {plan.eval_tasks} "
+        f"tasks, binary success, every {plan.eval_every} steps. Hyper-parameters: {json.dumps(HPARAMS)}"
+        + (f"; overrides {plan.overrides}" if plan.overrides else "") + ".", "",
+        f"Context, {PAPER}.", "",
+        "## Held-out success (final eval; mean ± std over seeds; base = the starting model)", "",
+        "| H* | base | " + " | ".join(LABELS[m] for m in methods) + " |",
+        "|---|---|" + "---|" * len(methods),
+    ]
+    for key, title in (("success_rate", None), ("shaped_reward", "Held-out shaped score")):
+        if title:
+            lines += ["", f"## {title} (0.5 success + 0.3 progress + 0.2 valid-move rate; final eval, mean ± std)",
+                      "", "| H* | base | " + " | ".join(LABELS[m] for m in methods) + " |",
+                      "|---|---|" + "---|" * len(methods)]
+        for h in plan.h_stars:
+            base = [r.summary["eval_before"][key] for m in methods for r in by[(m, h)] if r.summary.get("eval_before")]
+            cells = []
+            for m in methods:
+                xs = [r.summary["eval_after"][key] for r in by[(m, h)] if r.summary.get("eval_after")]
+                cells.append(f"{_mean(xs):.3f} ± {_std(xs):.3f} (n={len(xs)})" if xs else "n/a")
+            lines.append(f"| {h} | {_mean(base):.3f} | " + " | ".join(cells) + " |")
+
+    peak = {m: _mean([r.summary["peak_memory_bytes"] for h in plan.h_stars for r in by[(m, h)]]) for m in methods}
+    infer = {m: _mean([r.summary["inference_peak_bytes"] for h in plan.h_stars for r in by[(m, h)]
+                       if r.summary.get("inference_peak_bytes")]) for m in methods}
+    lines += ["", "## Peak memory (mean over runs; CPU: the run process's VmHWM)", "",
+              "| method | peak | inference-only peak | method / inference-only | method / ES |", "|---|---|---|---|---|"]
+    for m in methods:
+        lines.append(f"| {LABELS[m]} | {_mib(peak[m])} | {_mib(infer[m])} | {_ratio(peak[m], infer[m])} | "
+                     f"{_ratio(peak[m], peak.get('es', math.nan))} |")
+    if not plan.isolate:
+        lines += ["", "Note: these runs shared one process, so each peak includes every earlier run's; run "
+                  "with process isolation (the default of `--preset cpu`) to compare methods."]
+    else:
+        lines += ["", "Inference-only: the same model rolling out one step's batch alone (ES: one member's "
+                  f"{m_eps // plan.population} tasks; GRPO/PPO: all {m_eps}), in a fresh process."]
+
+    lines += ["", "## Time and tokens per step (mean over seeds)", "",
+              "| H* | method | s/step (training) | s/step (incl. evals) | generated tokens/step | episodes/step "
+              "| run wall-clock (s) |", "|---|---|---|---|---|---|---|"]
+    for h in plan.h_stars:
+        for m in methods:
+            rs = by[(m, h)]
+            if not rs:
+                continue
+            sec = _mean([_mean([row["seconds"] for row in r.train_rows]) for r in rs])
+            tok = _mean([_mean([row["generated_tokens"] for row in r.train_rows]) for r in rs])
+            wall = [r.wall_seconds for r in rs if r.wall_seconds is not None]
+            wall_s = f"{_mean(wall):.0f}" if wall else "n/a"
+            eps = ", ".join(str(x) for x in sorted({r.episodes_per_step for r in rs}))
+            lines.append(f"| {h} | {LABELS[m]} | {sec:.1f} | {_mean([r.summary['seconds_per_step'] for r in rs]):.1f}"
+                         f" | {tok:.0f} | {eps} | {wall_s} |")
+    lines += ["", "## Eval curves", "", "![held-out success and shaped score vs step, one panel per H*](horizon.png)",
+              ""]
+    return "\n".join(lines)
+
+
+def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
+    """One subplot per H*: held-out success vs step, one line per method (mean over seeds, min-max band)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from esopt.utils.plots import save_figure
+
+    n = len(plan.h_stars)
+    fig, axes = plt.subplots(2, n, figsize=(4.2 * n, 6.4), squeeze=False)
+    for row, (col, label) in enumerate(((1, "held-out success"), (2, "held-out shaped score"))):
+        for ax, h in zip(axes[row], plan.h_stars):
+            for k, m in enumerate(plan.methods):
+                runs = [{e[0]: e[col] for e in r.evals} for r in results if r.method == m and r.h_star == h]
+                steps = sorted(set.intersection(*(set(e) for e in runs))) if runs else []
+                if not steps:
+                    continue
+                ys = [[e[s] for e in runs] for s in steps]
+                ax.plot(steps, [_mean(y) for y in ys], marker="o", color=f"C{k}", label=f"{LABELS[m]} (n={len(runs)})")
+                ax.fill_between(steps, [min(y) for y in ys], [max(y) for y in ys], color=f"C{k}", alpha=0.15)
+            ax.set(title=f"H* = {h}", xlabel="step / generation", ylabel=label)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if row == 0:
+                ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8, loc="best")
+    fig.suptitle(f"{plan.size}x{plan.size} Sudoku, {plan.episodes_per_step} episodes per step for every method")
+    return save_figure(fig, path)
+
+
+def write_report(plan: Plan, out: Path) -> tuple[Path, Path, str]:
+    results = load_results(plan, out)
+    text = report(plan, results)
+    md = out / "horizon.md"
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(text)
+    (out / "horizon_plan.json").write_text(json.dumps(asdict(plan), indent=1))
+    return md, plot_curves(plan, results, out / "horizon.png"), text
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="esopt bench horizon", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                   help="cpu: the ~45-minute CPU default; smoke: a seconds-long check (tests)")
+    p.add_argument("--size", default=None,
+                   help="board size 4 (default) or 6; 'smoke'/'cpu' are accepted as aliases of --preset")
+    p.add_argument("--methods", nargs="+", choices=METHODS)
+    p.add_argument("--h-stars", nargs="+", type=int, help="horizons (holes = minimum turns), default 5 10 15")
+    p.add_argument("--seeds", nargs="+", type=int, help="training seeds (tasks, members, sampling); default 0 1 2")
+    p.add_argument("--steps", type=int, help="steps (GRPO/PPO) = generations (ES) per run")
+    p.add_argument("--episodes-per-step", type=int, help="M: training episodes per step, the same for every method")
+    p.add_argument("--population", type=int, help="ES members N (each runs M/N tasks)")
+    p.add_argument("--group-size", type=int, help="GRPO group size G (M/G tasks per step)")
+    p.add_argument("--eval-tasks", type=int, help="held-out tasks per eval")
+    p.add_argument("--eval-every", type=int, help="eval every k steps (0: only first and last)")
+    p.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny-sudoku warm start")
+    p.add_argument("--reward", choices=["success", "shaped", "env"], help="training score of every method")
+    p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides; es./grpo./ppo. keys go to that method only, others to all")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="one fresh process per run (honest peak memory); default on for cpu, off for smoke")
+    p.add_argument("--no-memory-probe", action="store_true", help="skip the inference-only memory probe")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run (1: no OpenMP oversubscription)")
+    p.add_argument("--out", default="results", help="results root: OUT/horizon/<run>/, OUT/horizon.md, OUT/horizon.png")
+    p.add_argument("--resume", action="store_true", help="skip finished runs (summary.json), continue partial ones")
+    p.add_argument("--report-only", action="store_true", help="only rebuild horizon.md/png from existing runs")
+    p.add_argument("--progress", action="store_true", help="progress bars (in-process runs only)")
+    return p
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    preset = args.preset
+    size = args.size
+    if size in PRESETS:
+        preset, size = size, None
+    plan = Plan(**PRESETS[preset])
+    if size is not None:
+        if not str(size).isdigit():
+            raise ValueError(f"--size must be 4 or 6 (or a preset name {sorted(PRESETS)}), got {size!r}")
+        plan.size = int(size)
+    fields = {"methods": args.methods, "h_stars": args.h_stars, "seeds": args.seeds, "steps": args.steps,
+              "episodes_per_step": args.episodes_per_step, "population": args.population,
+              "group_size": args.group_size, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
+              "warm_start_steps": args.warm_start_steps, "reward": args.reward, "isolate": args.isolate}
+    plan = replace(plan, **{k: v for k, v in fields.items() if v is not None}, overrides=list(args.overrides))
+    if args.no_memory_probe:
+        plan.measure_inference_peak = False
+    plan.check()
+    return plan
+
+
+def _child(argv: list[str]) -> int:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    return _train_in_process(Path(argv[0]), "--child-resume" in argv[1:], progress=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        return _child(argv[1:])
+    args = build_parser().parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    plan = plan_from_args(args)
+    out = Path(args.out)
+    failed: list[str] = []
+    t = time.perf_counter()
+    if not args.report_only:
+        failed = run_all(plan, out, resume=args.resume, threads=args.threads, progress=args.progress)
+    md, png, text = write_report(plan, out)
+    print(text)
+    print(f"wrote {md} and {png} ({time.perf_counter() - t:.0f}s)")
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""`esopt analyze variance`: how the variance of the policy-gradient and of the ES gradient estimator grows
+with the horizon H*, measured on one fixed model.
+
+The model is the warm-started `tiny-sudoku` (never updated here). For each H* and each of R repetitions,
+each method computes one gradient estimate from a fresh batch (fresh tasks, fresh sampling seeds):
+- PG (REINFORCE with a mean baseline, the GRPO estimator without the std division): B episodes,
+  advantage A_i = r_i - mean(r) over the batch (or over groups of `--pg-group` rollouts of one task),
+  g = (1/B) * grad sum_i A_i * sum_{turns, generated tokens} log pi(token), log-probs under the sampling
+  temperature, every turn's generated ids exactly as produced.
+- ES: N members (seeded Gaussian noise eps_i, the training noise), each scored on the same E tasks with
+  the same sampling seeds (common random numbers, as in training), g = 1/(N sigma) sum_i (r_i - mean) eps_i.
+The score r of an episode is the env's shaped reward (`reward=shaped`: the episode's sum of per-turn
+rewards = 0.5 success + 0.3 progress + 0.2 valid-move rate), because binary success is 0 for nearly
+every episode at large H* and would make both estimators trivially zero.
+
+Every estimate is projected on K fixed random unit directions in parameter space (seeded); `var` is the
+variance over repetitions of the projection, averaged over directions (an unbiased estimate of
+trace(Cov)/D). Raw variances of the two estimators are not comparable (ES's scales with 1/sigma^2), so
+the report also gives `rel_var = var / (|mean estimate|^2 / D)` (noise-to-signal; it saturates near R
+when the mean is itself mostly noise) and `nsr`, the same with the squared norm of the mean corrected
+for its noise bias (|mean|^2 - trace/R; inf when the signal is not resolved at this R). Per method, least
+squares fits of ln(var) vs H* (growth rate), ln(var) vs ln(H*) (power exponent: 1 = linear) and var vs H*.
+
+    esopt analyze variance                             # H* 2 4 6 8 10 on 4x4, writes results/variance.md/png
+    esopt analyze variance --h-stars 2 6 10 --repeats 32 --batch 64
+    esopt analyze variance --smoke --out /tmp/v
+
+Measured cost (2 CPU cores shared with other jobs, one torch thread): one
+repetition (B=32 PG episodes + backward, and N=8 x E=4 ES episodes) takes ~1.2 s x H*, so the default
+(H* 2 4 6 8 10, R=16) takes 6-10 minutes (569 s with warm start v3, 374 s with v6); `--smoke` ~10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from esopt.utils.report import add_analysis_options
+
+METHODS = ("pg", "es")
+LABELS = {"pg": "PG (REINFORCE, mean baseline)", "es": "ES"}
+
+
+@dataclass
+class Setup:
+    h_stars: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
+    repeats: int = 16  # R independent estimates per (method, H*)
+    batch: int = 32  # B: PG episodes per estimate
+    members: int = 8  # N: ES members per estimate
+    member_episodes: int = 4  # E: episodes per ES member
+    directions: int = 32  # K random unit directions
+    sigma: float = 3e-3  # ES noise scale (the CPU training default, calibrated on the v6 warm start)
+    antithetic: bool = False
+    pg_group: int = 1  # 1: baseline = batch mean over B distinct tasks; G: B/G tasks x G rollouts, group mean
+    seed: int = 0
+    size: int = 4
+    warm_start_steps: int = 800
+    temperature: float = 0.7
+    max_new_tokens: int = 10
+    micro_batch: int = 64
+
+    def check(self) -> None:
+        if self.repeats < 2:
+            raise ValueError(f"--repeats must be >= 2 to estimate a variance (got {self.repeats})")
+        if min(self.batch, self.members, self.member_episodes, self.directions, self.pg_group) < 1:
+            raise ValueError("--batch, --members, --member-episodes, --directions and --pg-group must be >= 1")
+        if self.batch % self.pg_group:
+            raise ValueError(f"--batch ({self.batch}) must be a multiple of --pg-group ({self.pg_group})")
+        if self.antithetic and self.members % 2:
+            raise ValueError(f"--antithetic needs an even --members (got {self.members})")
+        if not self.sigma > 0:
+            raise ValueError(f"--sigma must be > 0 (got {self.sigma})")
+        if bad := [h for h in self.h_stars if not 1 <= h <= self.size ** 2]:
+            raise ValueError(f"--h-stars {bad} out of range 1..{self.size ** 2}")
+
+
+SMOKE = dict(h_stars=[1, 2], repeats=3, batch=4, members=4, member_episodes=2, directions=4, warm_start_steps=60,
+             sigma=1e-2)  # at 3e-3 every member of the 60-step warm start scores the same (zero variance)
+
+
+# --- projections and fits (pure) -------------------------------------------------------------------
+
+def random_directions(dim: int, k: int, seed: int) -> torch.Tensor:
+    """(k, dim) rows of unit norm, uniformly distributed on the sphere, from a seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randn(k, dim, generator=gen, dtype=torch.float32)
+    return u / u.norm(dim=1, keepdim=True)
+
+
+class ProjectionStats:
+    """Accumulates estimates g_r (flat vectors): their projections on K fixed directions, their sum and
+    squared norms; `result()` gives the projected variance and the noise-to-signal numbers."""
+
+    def __init__(self, dim: int, directions: int | torch.Tensor, seed: int = 0):
+        """`directions`: how many to draw from `seed`, or a (K, dim) tensor of unit rows to share."""
+        self.dim = dim
+        self.u = directions if isinstance(directions, torch.Tensor) else random_directions(dim, directions, seed)
+        self.proj: list[np.ndarray] = []
+        self.total = torch.zeros(dim, dtype=torch.float64)
+        self.sq_norms: list[float] = []
+
+    def add(self, g: torch.Tensor) -> None:
+        g = g.detach().reshape(-1).float().cpu()
+        if g.numel() != self.dim:
+            raise ValueError(f"estimate has {g.numel()} elements, expected {self.dim}")
+        self.proj.append((self.u @ g).double().numpy())
+        self.total += g.double()
+        self.sq_norms.append(float(g.double().square().sum()))
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.total / max(len(self.proj), 1)
+
+    def result(self) -> dict[str, float]:
+        r = len(self.proj)
+        if r < 2:
+            raise ValueError(f"need >= 2 estimates for a variance, have {r}")
+        p = np.stack(self.proj)  # (R, K)
+        var_k = p.var(axis=0, ddof=1)  # (K,)
+        mean_sq = float(self.mean.square().sum())
+        trace = (sum(self.sq_norms) - r * mean_sq) / (r - 1)  # exact trace of the sample covariance
+        signal = mean_sq - trace / r  # unbiased |E g|^2; <= 0 (up to rounding): not resolved
+        signal = signal if signal > 1e-9 * mean_sq else 0.0
+        var = float(var_k.mean())
+        return {
+            "var": var, "var_se": float(var_k.std(ddof=1) / math.sqrt(len(var_k))) if len(var_k) > 1 else 0.0,
+            "trace_per_dim": trace / self.dim, "mean_sq_norm": mean_sq, "signal_sq": signal,
+            "rel_var": var / (mean_sq / self.dim) if mean_sq > 0 else math.inf,
+            "nsr": trace / signal if signal > 0 else math.inf, "repeats": r,
+        }
+
+
+def fit_line(x: list[float], y: list[float]) -> dict[str, float]:
+    """Least squares y = slope * x + intercept, with R^2 (nan when fewer than 2 finite points)."""
+    pts = [(a, b) for a, b in zip(x, y) if math.isfinite(a) and math.isfinite(b)]
+    if len(pts) < 2 or len({a for a, _ in pts}) < 2:
+        return {"slope": math.nan, "intercept": math.nan, "r2": math.nan}
+    xs, ys = np.array([a for a, _ in pts]), np.array([b for _, b in pts])
+    slope, intercept = np.polyfit(xs, ys, 1)
+    resid = ys - (slope * xs + intercept)
+    ss = float(((ys - ys.mean()) ** 2).sum())
+    return {"slope": float(slope), "intercept": float(intercept), "r2": 1 - float((resid ** 2).sum()) / ss if ss else 1.0}
+
+
+def fits(h_stars: list[int], var: list[float]) -> dict[str, dict[str, float]]:
+    pos = [(h, v) for h, v in zip(h_stars, var) if v > 0]
+    return {
+        "log_var_vs_h": fit_line([h for h, _ in pos], [math.log(v) for _, v in pos]),
+        "log_var_vs_log_h": fit_line([math.log(h) for h, _ in pos], [math.log(v) for _, v in pos]),
+        "var_vs_h": fit_line(list(h_stars), list(var)),
+    }
+
+
+# --- estimators ------------------------------------------------------------------------------------
+
+def flat_grad(params: list[tuple[str, torch.nn.Parameter]]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float().cpu()
+                      for _, p in params])
+
+
+def baseline_advantages(scores: np.ndarray, group: int) -> np.ndarray:
+    """scores - mean over consecutive groups of `group` (group 1: the whole batch's mean)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if group <= 1:
+        return scores - scores.mean()
+    g = scores.reshape(-1, group)
+    return (g - g.mean(1, keepdims=True)).reshape(-1)
+
+
+def pg_estimate(policy, params, trajectories, advantages: np.ndarray, temperature: float, micro: int) -> torch.Tensor:
+    """(1/B) grad sum_i A_i sum_t log pi(generated tokens of episode i, turn t), as a flat vector."""
+    from esopt.train.pg import collate, micro_batches, token_logprobs, turn_samples
+
+    for _, p in params:
+        p.grad = None
+    samples = turn_samples(trajectories, [[float(a)] * t.num_turns for a, t in zip(advantages, trajectories)])
+    if samples:
+        batch = collate(samples, policy.tokenizer.pad_token_id, policy.device)
+        with torch.enable_grad():
+            for idx in micro_batches(len(batch), micro):
+                part = batch.select(idx)
+                logp = token_logprobs(policy.model, part, temperature)
+                ((logp * part.mask).sum(1) * part.advantages).sum().div(len(trajectories)).backward()
+    g = flat_grad(params)
+    for _, p in params:
+        p.grad = None
+    return g
+
+
+def es_estimate(es, members, scores: np.ndarray, sigma: float) -> torch.Tensor:
+    """1/(N sigma) sum_i (r_i - mean r) sign_i eps_i, with the members' own seeded noise, as a flat vector."""
+    coefs: dict[int, float] = {}
+    for m, r in zip(members, scores - scores.mean()):
+        coefs[m.seed] = coefs.get(m.seed, 0.0) + m.sign * float(r) / (len(members) * sigma)
+    return torch.cat([t.reshape(-1).cpu() for t in es.perturbation.combine(coefs)])
+
+
+# --- the analysis ----------------------------------------------------------------------------------
+
+def _seeds(*key: int, n: int) -> list[int]:
+    return [int(s) for s in np.random.default_rng([*key, 29]).integers(0, 2**31, size=n)]
+
+
+def measure(setup: Setup, progress: bool = True) -> dict:
+    """Run the analysis; returns {"setup", "rows": [per (method, H*)], "fits": {method: {...}}}."""
+    from esopt.engines.base import SamplingParams
+    from esopt.envs import make_env
+    from esopt.es import ES, ESConfig, ParamScope, select_parameters
+    from esopt.rollout import run_episodes, trajectory_score
+    from esopt.train.config import ModelSection
+    from esopt.train.models import load_model
+
+    setup.check()
+    policy = load_model(ModelSection(name="tiny-sudoku", warm_start_steps=setup.warm_start_steps),
+                        {"size": setup.size})
+    params = select_parameters(policy.model, ParamScope())
+    dim = sum(p.numel() for _, p in params)
+    sampling = SamplingParams(setup.temperature, 0.8, 20, setup.max_new_tokens)
+    es = ES(policy.model, ESConfig(population_size=setup.members, antithetic=setup.antithetic, sigma=setup.sigma,
+                                   sigma_min=setup.sigma, sigma_schedule="constant", alpha=0.0, seed=setup.seed))
+    directions = random_directions(dim, setup.directions, setup.seed)  # the same K directions everywhere
+    rows, t0 = [], time.perf_counter()
+    for h in setup.h_stars:
+        kwargs = {"size": setup.size, "h_star": h, "reward": "shaped"}
+
+        def make(kwargs=kwargs):
+            return make_env("esopt/Sudoku-v0", **kwargs)
+
+        def rollout(tasks: list[int], seed: int):
+            trajs, stats = run_episodes(policy, make, tasks, sampling, seed=seed, max_batch_size=None)
+            return trajs, np.array([trajectory_score(t, "shaped") for t in trajs]), stats
+
+        acc = {m: ProjectionStats(dim, directions) for m in METHODS}
+        info = {m: {"scores": [], "turns": [], "tokens": 0, "episodes": 0} for m in METHODS}
+        for r in range(setup.repeats):
+            # PG: B episodes (B/G tasks x G rollouts), advantage = score - batch (group) mean
+            tasks = [s for s in _seeds(setup.seed, h, r, 0, n=setup.batch // setup.pg_group)
+                     for _ in range(setup.pg_group)]
+            trajs, scores, stats = rollout(tasks, _seeds(setup.seed, h, r, 1, n=1)[0])
+            adv = baseline_advantages(scores, setup.pg_group)
+            acc["pg"].add(pg_estimate(policy, params, trajs, adv, setup.temperature or 1.0, setup.micro_batch))
+            info["pg"]["scores"] += scores.tolist()
+            info["pg"]["turns"] += [t.num_turns for t in trajs]
+            info["pg"]["tokens"] += stats.generated_tokens
+            info["pg"]["episodes"] += len(trajs)
+            # ES: N members on the same E tasks and sampling seeds (common random numbers)
+            members = es.ask(generation=1_000 * h + r)
+            tasks, seed = _seeds(setup.seed, h, r, 2, n=setup.member_episodes), _seeds(setup.seed, h, r, 3, n=1)[0]
+            member_scores = []
+            for m in members:
+                with es.perturbed(m), torch.no_grad():
+                    trajs, scores, stats = rollout(tasks, seed)
+                member_scores.append(scores.mean())
+                info["es"]["scores"] += scores.tolist()
+                info["es"]["turns"] += [t.num_turns for t in trajs]
+                info["es"]["tokens"] += stats.generated_tokens
+                info["es"]["episodes"] += len(trajs)
+            acc["es"].add(es_estimate(es, members, np.array(member_scores), setup.sigma))
+            if progress:
+                print(f"H*={h} repetition {r + 1}/{setup.repeats} | {time.perf_counter() - t0:.0f}s", flush=True)
+        mean_pg, mean_es = acc["pg"].mean, acc["es"].mean
+        cos = float(mean_pg @ mean_es / (mean_pg.norm() * mean_es.norm() + 1e-30))
+        for m in METHODS:
+            i = info[m]
+            rows.append({"method": m, "h_star": h, **acc[m].result(), "cos_pg_es": cos,
+                         "score_mean": float(np.mean(i["scores"])), "score_std": float(np.std(i["scores"])),
+                         "mean_turns": float(np.mean(i["turns"])),
+                         "tokens_per_episode": i["tokens"] / max(i["episodes"], 1),
+                         "episodes_per_estimate": i["episodes"] // setup.repeats})
+            sv = rows[-1]["score_std"] ** 2
+            rows[-1]["var_per_score_var"] = rows[-1]["var"] / sv if sv > 0 else math.inf
+        if progress:
+            print("  " + " | ".join(f"{m}: var {r['var']:.3e} rel {r['rel_var']:.2f}" for m in METHODS
+                                    for r in rows[-2:] if r["method"] == m), flush=True)
+    out_fits = {}
+    for m in METHODS:
+        mine = [r for r in rows if r["method"] == m]
+        out_fits[m] = {q: fits([r["h_star"] for r in mine], [r[q] for r in mine])
+                       for q in ("var", "rel_var", "var_per_score_var")}
+    return {"setup": asdict(setup), "dim": dim, "seconds": time.perf_counter() - t0, "rows": rows, "fits": out_fits}
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def _g(x: float) -> str:
+    return "inf" if x == math.inf else ("nan" if not math.isfinite(x) else f"{x:.3g}")
+
+
+def report(result: dict) -> str:
+    s, rows = result["setup"], result["rows"]
+    groups = "" if s["pg_group"] == 1 else f" ({s['batch'] // s['pg_group']} tasks x {s['pg_group']})"
+    lines = [
+        f"# Gradient-estimator variance vs horizon ({s['size']}x{s['size']} Sudoku, fixed tiny-sudoku model)", "",
+        f"Model: tiny-sudoku (warm start {s['warm_start_steps']} steps, {result['dim']:,} parameters), never updated. "
+        f"Score: the env's **shaped reward** (episode sum = 0.5 success + 0.3 progress + 0.2 valid-move rate; binary "
+        f"success is ~0 at large H*). Sampling T={s['temperature']}, top-p 0.8, top-k 20, {s['max_new_tokens']} new "
+        f"tokens. R={s['repeats']} independent estimates per (method, H*); PG: B={s['batch']} episodes{groups}, "
+        "advantage = "
+        f"score - {'batch' if s['pg_group'] == 1 else 'group'} mean, sum of log-probs over every generated token; "
+        f"ES: N={s['members']} members x E={s['member_episodes']} episodes, sigma={s['sigma']}"
+        f"{', antithetic' if s['antithetic'] else ''}. Projections on K={s['directions']} random unit directions "
+        f"(seed {s['seed']}). {result['seconds']:.0f}s.", "",
+        "`var`: variance of the projection over repetitions, mean over directions (± its spread over directions, "
+        "as a standard error). `rel_var` = var / (|mean estimate|^2 / D), a noise-to-signal ratio comparable "
+        "across methods (near R when the mean is mostly noise); `nsr`: the same with |mean|^2 corrected for its "
+        "noise (inf: the signal is not resolved with this R). `var/score var`: var over the variance of the "
+        "episode scores (the shaped score's spread changes with H*; this removes it). `cos`: cosine of the mean PG "
+        "and mean ES estimates.",
+        "", "| H* | method | mean turns | score mean ± std | var | rel_var | nsr | var/score var | cos |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['h_star']} | {r['method'].upper()} | {r['mean_turns']:.1f} | {r['score_mean']:.3f} ± "
+                     f"{r['score_std']:.3f} | {_g(r['var'])} ± {_g(r['var_se'])} | {_g(r['rel_var'])} | {_g(r['nsr'])} "
+                     f"| {_g(r['var_per_score_var'])} | {r['cos_pg_es']:.2f} |")
+    lines += ["", "## Fits (least squares over H*)", "",
+              "| method | quantity | d ln(var)/dH* | exponent (ln var vs ln H*) | R^2 (log-log) | d var/dH* |",
+              "|---|---|---|---|---|---|"]
+    for m, per in result["fits"].items():
+        for q, f in per.items():
+            lines.append(f"| {m.upper()} | {q} | {_g(f['log_var_vs_h']['slope'])} | {_g(f['log_var_vs_log_h']['slope'])}"
+                         f" | {_g(f['log_var_vs_log_h']['r2'])} | {_g(f['var_vs_h']['slope'])} |")
+    lines += ["", "The paper says the policy-gradient variance grows about linearly in H (exponent ~1); the "
+              "table reports what this model and budget give.", "", "![variance vs H*](variance.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from esopt.utils.plots import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for k, m in enumerate(METHODS):
+        mine = [r for r in result["rows"] if r["method"] == m]
+        hs = [r["h_star"] for r in mine]
+        for ax, q in zip(axes, ("var", "rel_var")):
+            # raw variances differ by orders of magnitude between methods: plot var relative to the first H*
+            ref = mine[0]["var"] if q == "var" and mine and mine[0]["var"] > 0 else 1.0
+            ys = [r[q] / ref for r in mine]
+            err = [r["var_se"] / ref for r in mine] if q == "var" else None
+            ax.errorbar(hs, ys, yerr=err, marker="o", color=f"C{k}", label=m.upper(), capsize=3)
+            f = result["fits"][m][q]["log_var_vs_h"]
+            if math.isfinite(f["slope"]):
+                ax.plot(hs, [math.exp(f["intercept"] + f["slope"] * h) / ref for h in hs], "--", color=f"C{k}",
+                        alpha=0.6, label=f"{m.upper()} fit: ln {q} slope {f['slope']:.2f}/H*")
+    axes[0].set(yscale="log", xlabel="H*", ylabel=f"var / var at H*={result['rows'][0]['h_star']}",
+                title="variance of the gradient estimate (relative)")
+    axes[1].set(yscale="log", xlabel="H*", ylabel="var / (|mean|^2 / D)", title="noise-to-signal (rel_var)")
+    for ax in axes:
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def write(result: dict, out: Path) -> tuple[Path, Path, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(result)
+    (out / "variance.md").write_text(text)
+    (out / "variance.json").write_text(json.dumps(result, indent=1, default=str))
+    return out / "variance.md", plot(result, out / "variance.png"), text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Setup()
+    p = argparse.ArgumentParser(prog="esopt analyze variance", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--h-stars", nargs="+", type=int, default=None, help=f"horizons (default {d.h_stars})")
+    p.add_argument("--repeats", "-R", type=int, help=f"independent estimates per (method, H*) (default {d.repeats})")
+    p.add_argument("--batch", "-B", type=int, help=f"PG episodes per estimate (default {d.batch})")
+    p.add_argument("--members", "-N", type=int, help=f"ES members per estimate (default {d.members})")
+    p.add_argument("--member-episodes", "-E", type=int, help=f"episodes per ES member (default {d.member_episodes})")
+    p.add_argument("--directions", "-K", type=int, help=f"random projection directions (default {d.directions})")
+    p.add_argument("--sigma", type=float, help=f"ES noise scale (default {d.sigma})")
+    p.add_argument("--antithetic", action="store_true", help="ES members in mirrored pairs")
+    p.add_argument("--pg-group", type=int, help="PG baseline over groups of G rollouts of one task (default 1: batch mean)")
+    p.add_argument("--size", type=int, choices=[4, 6], help="board size (default 4)")
+    p.add_argument("--warm-start-steps", type=int, help=f"tiny-sudoku warm start steps (default {d.warm_start_steps})")
+    p.add_argument("--seed", type=int, help="seed of tasks, sampling, ES noise and directions (default 0)")
+    add_analysis_options(p, "OUT/variance.md, .png, .json")
+    return p
+
+
+def setup_from_args(args: argparse.Namespace) -> Setup:
+    setup = Setup(**SMOKE) if args.smoke else Setup()
+    for key in ("h_stars", "repeats", "batch", "members", "member_episodes", "directions", "sigma", "pg_group",
+                "size", "warm_start_steps", "seed"):
+        if getattr(args, key) is not None:
+            setattr(setup, key, getattr(args, key))
+    setup.antithetic = setup.antithetic or args.antithetic
+    setup.check()
+    return setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    setup = setup_from_args(args)
+    result = measure(setup, progress=not args.quiet)
+    md, png, text = write(result, Path(args.out))
+    print(text)
+    print(f"wrote {md}, {png} and {md.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

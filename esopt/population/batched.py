@@ -1,0 +1,45 @@
+"""All members' episodes in one batched rollout (low-rank noise, EGGROLL): the base weights stay untouched
+and every batch row adds its own member's low-rank term (`esopt.es.batched`). Member i runs rows
+[i*E, (i+1)*E). Greedy decoding gives each member exactly the episodes the local evaluator would; sampled
+decoding draws from other random streams (the batch is larger)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from esopt.es import Member
+from esopt.es.batched import BatchedLowRank
+from esopt.population.base import MemberResult, PopulationContext, member_score
+from esopt.rollout import RolloutSpec, RolloutStats
+
+
+class BatchedEvaluator:
+    def __init__(self, context: PopulationContext):
+        self.context = context
+        self.host = BatchedLowRank(context.engine.model, context.es.perturbation)
+
+    def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int,
+                 spec: RolloutSpec) -> list[MemberResult]:
+        c, e = self.context, len(task_seeds)
+        owners = [i for i in range(len(members)) for _ in range(e)]  # the member of every episode
+        t0 = time.perf_counter()
+        with self.host.members(members, sigma), c.engine.route_members(self.host):
+            t1 = time.perf_counter()
+            trajectories, _ = spec.run(c.engine, c.make_env, task_seeds * len(members), seed=rollout_seed,
+                                       members=owners)
+            t2 = time.perf_counter()
+        c.timers.perturb += t1 - t0
+        c.timers.rollout += t2 - t1
+        results = []
+        for i, m in enumerate(members):
+            own = trajectories[i * e:(i + 1) * e]
+            stats = RolloutStats(episodes=e, generated_tokens=sum(t.generated_tokens for t in own))
+            results.append(MemberResult(m.index, member_score(own, c.score), own, stats))
+        return results
+
+    def sync(self, record: dict) -> None:
+        """Nothing to do: the shared model was updated by `ES.tell`."""
+
+    def close(self) -> None:
+        pass

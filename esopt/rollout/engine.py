@@ -1,0 +1,206 @@
+"""The multi-turn rollout engine shared by ES, GRPO and PPO.
+
+All episodes run in lockstep: each turn, every still-active episode's prompt goes into ONE batched
+`policy.generate` call (chunked by `max_batch_size`), then each env steps on its completion text.
+The sampling seed of a turn is derived from (seed, turn, chunk), so the same (task_seeds, seed) gives
+identical trajectories for identical weights: ES evaluates every population member on the same
+tasks with the same seeds (common random numbers).
+
+Two conversation modes:
+- "markov": the prompt is [system, user(current observation)] every turn;
+- "history": the prompt is the whole chat so far (system, user obs, assistant text, user obs, ...).
+
+Generated token ids are kept exactly as produced (the RL baselines need them for log-prob ratios).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+
+from esopt.engines.base import Completion, Engine, SamplingParams
+from esopt.rollout.prompts import Examples, Message, count_tokens, markov_messages, resolve_system_prompt
+from esopt.rollout.trajectory import RolloutStats, Trajectory, Turn
+
+
+def turn_seed(seed: int, turn: int, chunk: int = 0) -> int:
+    """The sampling seed of one generate call, derived from (seed, turn, chunk)."""
+    state = np.random.SeedSequence([seed % 2**64, turn, chunk]).generate_state(1, np.uint64)[0]
+    return int(state) >> 1  # fits torch.manual_seed and signed 64-bit
+
+
+class _Episode:
+    """Book-keeping of one live episode."""
+
+    def __init__(self, env: gym.Env, task_seed: int, system_prompt: str | None, conversation: str,
+                 examples: Examples = ()) -> None:
+        self.env = env
+        self.system_prompt = system_prompt
+        self.examples = examples
+        self.conversation = conversation
+        self.trajectory = Trajectory(task_seed=task_seed)
+        self.done = False
+        self.generated_tokens = 0
+        obs, _ = env.reset(seed=task_seed)
+        self.obs = str(obs)
+        self.history: list[Message] = markov_messages(system_prompt, self.obs, examples)
+        self.first_turn = len(self.history) - 1  # index of the episode's first observation
+
+    def messages(self) -> list[Message]:
+        if self.conversation == "history":
+            return self.history
+        return markov_messages(self.system_prompt, self.obs, self.examples)
+
+    def drop_oldest_exchange(self) -> bool:
+        """History mode over its context budget: forget the oldest (observation, action) exchange. The
+        system prompt, the worked examples and the current observation always stay."""
+        if len(self.history) - self.first_turn < 3:
+            return False
+        del self.history[self.first_turn : self.first_turn + 2]
+        return True
+
+    def prompt(self, policy: Engine, max_prompt_tokens: int | None) -> str:
+        prompt = policy.build_prompt(self.messages())
+        if max_prompt_tokens is None or self.conversation != "history":
+            return prompt
+        while count_tokens(policy, prompt) > max_prompt_tokens and self.drop_oldest_exchange():
+            prompt = policy.build_prompt(self.messages())
+        return prompt
+
+    def step(self, prompt: str, gen: Completion, max_turns: int | None, max_episode_tokens: int | None = None) -> None:
+        seen = self.obs
+        obs, reward, terminated, truncated, info = self.env.step(gen.text)
+        self.obs = str(obs)
+        if max_turns is not None and self.trajectory.num_turns + 1 >= max_turns and not terminated:
+            truncated = True
+        self.generated_tokens += len(gen.token_ids)
+        if max_episode_tokens is not None and self.generated_tokens >= max_episode_tokens and not terminated:
+            truncated = True
+        turn = Turn(
+            prompt=prompt,
+            prompt_ids=list(gen.prompt_ids),
+            token_ids=list(gen.token_ids),
+            text=gen.text,
+            logprobs=None if gen.logprobs is None else list(gen.logprobs),
+            reward=float(reward),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=dict(info),
+            observation=seen,
+        )
+        self.trajectory.add(turn)
+        self.done = turn.done
+        if self.conversation == "history" and not self.done:
+            self.history.append({"role": "assistant", "content": gen.text})
+            self.history.append({"role": "user", "content": self.obs})
+
+
+def run_episodes(
+    policy: Engine,
+    env_factory: Callable[[], gym.Env],
+    task_seeds: list[int],
+    sampling: SamplingParams,
+    *,
+    seed: int = 0,
+    conversation: Literal["markov", "history"] = "markov",
+    system_prompt: str | None = None,
+    return_logprobs: bool = False,
+    max_batch_size: int | None = None,
+    max_turns: int | None = None,
+    progress: bool = False,
+    examples: Examples = (),
+    max_prompt_tokens: int | None = None,
+    members: Sequence[int] | None = None,
+    max_episode_tokens: int | None = None,
+    step_workers: int = 8,
+) -> tuple[list[Trajectory], RolloutStats]:
+    """Run one episode per task seed in lockstep; trajectories come back in task_seeds order.
+
+    system_prompt None => each env's `unwrapped.instructions`. max_turns (optional) truncates episodes
+    the env itself would not end; normally the env's own turn cap ends them. `examples`: worked
+    (observation, action) exchanges placed as chat turns between the system prompt and the episode.
+    max_prompt_tokens (history mode): the context budget; the oldest exchanges are dropped to fit it.
+    members: the population member of every task seed, handed to the engine with each batch's prompts
+    (a batched population's rows carry different members' weights). max_episode_tokens truncates an episode
+    once its generated tokens reach it. Envs with `concurrent_steps = True` (tool use) are stepped in up to
+    `step_workers` threads, so one slow tool call does not hold up the others.
+    """
+    if conversation not in ("markov", "history"):
+        raise ValueError(f"conversation must be 'markov' or 'history', got {conversation!r}")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+    if max_episode_tokens is not None and max_episode_tokens < 1:
+        raise ValueError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be >= 1 or None, got {max_prompt_tokens}")
+    if members is not None and len(members) != len(task_seeds):
+        raise ValueError(f"{len(members)} members for {len(task_seeds)} task seeds")
+    start = time.perf_counter()
+    stats = RolloutStats(episodes=len(task_seeds))
+    envs: list[gym.Env] = []
+    bar = None
+    scope = contextlib.ExitStack()
+    try:
+        episodes = []
+        for task_seed in task_seeds:
+            env = env_factory()
+            envs.append(env)
+            system = resolve_system_prompt(env, system_prompt)
+            episodes.append(_Episode(env, int(task_seed), system, conversation, examples))
+        if envs:  # the env's own stop strings (a ReAct turn ends at its call), after the caller's
+            extra = [x for x in getattr(envs[0].unwrapped, "stop_strings", ()) if x not in sampling.stop]
+            if extra:
+                sampling = dataclasses.replace(sampling, stop=(*sampling.stop, *extra))
+        if progress:
+            from esopt.utils.progress import progress_bar
+
+            bar = progress_bar(None, "rollout", leave=False, unit="turn")
+        episode_index = {id(e): i for i, e in enumerate(episodes)}
+        turn = 0
+        if hasattr(policy, "rollout_scope"):  # weights are fixed during a rollout: the prompt prefix's
+            scope.enter_context(policy.rollout_scope())  # cache may be kept from turn to turn
+        while active := [e for e in episodes if not e.done]:
+            prompts = [e.prompt(policy, max_prompt_tokens) for e in active]
+            chunk = max_batch_size or len(active)
+            gens = []
+            t0 = time.perf_counter()
+            for c, lo in enumerate(range(0, len(active), chunk)):
+                owners = {}
+                if members is not None:
+                    owners["members"] = [members[episode_index[id(e)]] for e in active[lo : lo + chunk]]
+                gens += policy.generate(prompts[lo : lo + chunk], sampling, seed=turn_seed(seed, turn, c),
+                                        return_logprobs=return_logprobs, **owners)
+            stats.generate_seconds += time.perf_counter() - t0
+            if len(gens) != len(active):
+                raise RuntimeError(f"policy returned {len(gens)} generations for {len(active)} prompts")
+            steps = [(episode, prompt, gen) for episode, prompt, gen in zip(active, prompts, gens)]
+            if step_workers > 1 and len(steps) > 1 and getattr(steps[0][0].env.unwrapped, "concurrent_steps", False):
+                with ThreadPoolExecutor(min(step_workers, len(steps))) as pool:
+                    list(pool.map(lambda x: x[0].step(x[1], x[2], max_turns, max_episode_tokens), steps))
+            else:
+                for episode, prompt, gen in steps:
+                    episode.step(prompt, gen, max_turns, max_episode_tokens)
+            turn += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"active={len(active)}")
+    finally:
+        scope.close()
+        if bar is not None:
+            bar.close()
+        for env in envs:
+            env.close()
+    trajectories = [e.trajectory for e in episodes]
+    for traj in trajectories:
+        stats.turns += traj.num_turns
+        stats.generated_tokens += traj.generated_tokens
+        stats.prompt_tokens += traj.prompt_tokens
+    stats.seconds = time.perf_counter() - start
+    return trajectories, stats

@@ -1,0 +1,102 @@
+"""Token log-probs, the clipped surrogate, the k3 KL penalty and their minibatch-level aggregation.
+
+Log-probs are taken under log_softmax(logits / T) with the run's sampling temperature T (1 when greedy);
+top-k/top-p truncation is not applied (the usual convention of PPO/GRPO implementations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from esopt.train.config import PGSection
+from esopt.train.pg.batch import TokenBatch
+
+
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    """(N, L-1) log p(input_ids[:, t+1] | prefix) under log_softmax(logits / temperature), in fp32.
+
+    Only positions from the shortest prompt on are scored (`logits_to_keep`): the (N, L, V) logits of
+    long prompts are never built. Positions before that window hold 0 (they are masked anyway).
+    """
+    width = batch.input_ids.shape[1]
+    keep = width - int(batch.prompt_last.min()) if len(batch) else width
+    kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    try:
+        logits = model(**kwargs, logits_to_keep=keep).logits  # (N, keep, V)
+    except TypeError:  # a model without `logits_to_keep`
+        logits = model(**kwargs).logits[:, width - keep:]
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    picked = logp.gather(-1, batch.input_ids[:, width - keep + 1:, None]).squeeze(-1)  # (N, keep-1)
+    return torch.nn.functional.pad(picked, (width - keep, 0))
+
+
+def micro_batches(n: int, size: int) -> Iterable[torch.Tensor]:
+    return torch.arange(n).split(size)
+
+
+@torch.no_grad()
+def batch_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float, micro: int) -> torch.Tensor:
+    """No-grad token log-probs of a whole batch, micro-batch by micro-batch; zero outside each row."""
+    out = torch.zeros_like(batch.mask)
+    for idx in micro_batches(len(batch), micro):
+        idx = idx.to(out.device)
+        part = batch.select(idx)
+        out[idx, : part.mask.shape[1]] = token_logprobs(model, part, temperature) * part.mask
+    return out
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum()
+
+
+@dataclass
+class Norm:
+    """Minibatch-level denominators, so gradient accumulation over micro-batches equals one big batch."""
+
+    tokens: float  # generated tokens in the minibatch
+    seqs: float  # samples with at least one generated token
+    samples: float  # all samples
+
+
+def minibatch_norm(batch: TokenBatch, idx: torch.Tensor) -> Norm:
+    m = batch.mask[idx.to(batch.mask.device)]
+    return Norm(tokens=max(float(m.sum()), 1.0), seqs=max(float((m.sum(1) > 0).sum()), 1.0), samples=max(len(idx), 1))
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, norm: Norm) -> torch.Tensor:
+    """This micro-batch's share of the minibatch mean (token_mean or seq_mean); masked-out tokens add 0."""
+    if agg == "seq_mean":
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / norm.seqs
+    return masked_sum(per_token, mask) / norm.tokens
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || ref): exp(d) - d - 1 with d = ref - logp (>= 0); 0 where masked."""
+    d = (ref_logp - logp) * mask
+    return torch.exp(d) - d - 1
+
+
+def policy_loss(logp: torch.Tensor, batch: TokenBatch, section: PGSection, norm: Norm
+                ) -> tuple[torch.Tensor, dict[str, tuple[float, float]]]:
+    """Clipped surrogate + kl_beta * k3 KL, aggregated over generated tokens; stats as (sum, count)."""
+    mask = batch.mask
+    logratio = (logp - batch.old_logprobs) * mask  # masked before exp: padding never overflows
+    ratio = torch.exp(logratio)
+    adv = batch.advantages[:, None]
+    eps = section.clip_eps
+    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
+    tokens = float(mask.sum())
+    with torch.no_grad():
+        stats = {
+            "pg_loss": (float(aggregate(per_token, mask, section.loss_agg, norm)), len(batch) / norm.samples),
+            "clipfrac": (float(masked_sum(((ratio - 1).abs() > eps).float(), mask)), tokens),
+            "approx_kl": (float(masked_sum((ratio - 1) - logratio, mask)), tokens),
+        }
+    if batch.ref_logprobs is not None and section.kl_beta > 0:
+        kl = kl_k3(logp, batch.ref_logprobs, mask)
+        per_token = per_token + section.kl_beta * kl
+        stats["kl"] = (float(masked_sum(kl.detach(), mask)), tokens)
+    return aggregate(per_token, mask, section.loss_agg, norm), stats

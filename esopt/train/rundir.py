@@ -1,0 +1,115 @@
+"""The run directory: config.yaml, history.jsonl, metrics.jsonl, tb/, plots/, checkpoints/, final/,
+summary.json. Every file name of a run is spelled here and nowhere else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from esopt.engines.base import Engine
+from esopt.train.config import BaseTrainConfig, dump_config
+from esopt.utils.io import save_pretrained_atomic, write_json_atomic, write_text_atomic
+
+
+class RunDir:
+    """config.yaml, history.jsonl, metrics.jsonl, tb/, plots/, checkpoints/, final/ under one root."""
+
+    def __init__(self, root: str | Path, create: bool = True):
+        self.root = Path(root)
+        if create:
+            self.create()
+        self.config_path = self.root / "config.yaml"
+        self.history_path = self.root / "history.jsonl"
+        self.metrics_path = self.root / "metrics.jsonl"
+        self.checkpoints = self.root / "checkpoints"
+        self.plots = self.root / "plots"
+        self._tb = None
+
+    def create(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def holds_run(self) -> bool:
+        """A run was started here (a ledger or metrics rows exist)."""
+        return any(p.exists() and p.stat().st_size for p in (self.history_path, self.metrics_path))
+
+    def write_config(self, config: BaseTrainConfig) -> None:
+        dump_config(config, self.config_path)
+
+    @property
+    def tb(self):
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.root / "tb"))
+        return self._tb
+
+    def log(self, step: int, kind: str, values: dict) -> None:
+        row = {"step": step, "kind": kind, "time": time.time(), **values}
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        for k, v in values.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.tb.add_scalar(f"{kind}/{k}", v, step)
+        self.tb.flush()
+
+    def metrics(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line after a kill
+        return rows
+
+    def drop_metrics_from(self, step: int) -> None:
+        """On resume, forget rows of steps that will be redone."""
+        keep = [r for r in self.metrics() if r["step"] <= step]
+        write_text_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
+
+    def save_checkpoint(self, policy: Engine, step: int, state: dict, keep: int,
+                        extra_files: dict | None = None) -> Path:
+        """Atomic HF checkpoint + trainer_state.json (+ extra files, e.g. optimizer state)."""
+        files = {**(extra_files or {}), "trainer_state.json": json.dumps({"step": step, **state})}
+        out = save_pretrained_atomic(policy.model, policy.tokenizer, self.checkpoints / f"step_{step:06d}",
+                                     extra_files=files)
+        for old in sorted(self.checkpoints.glob("step_*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return out
+
+    def latest_checkpoint(self, at_most: int | None = None) -> tuple[int, Path] | None:
+        found = []
+        for d in self.checkpoints.glob("step_*"):
+            state = d / "trainer_state.json"
+            if state.exists():
+                step = json.loads(state.read_text())["step"]
+                if at_most is None or step <= at_most:
+                    found.append((step, d))
+        return max(found) if found else None
+
+    @property
+    def summary_path(self) -> Path:
+        return self.root / "summary.json"
+
+    def save_final(self, policy: Engine, summary: dict, extra_files: dict | None = None) -> None:
+        save_pretrained_atomic(policy.model, policy.tokenizer, self.root / "final", extra_files=extra_files)
+        write_json_atomic(self.summary_path, summary)
+
+    def plot(self) -> list[Path]:
+        from esopt.utils.plots import plot_run
+
+        return plot_run(self.metrics(), self.plots)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_summary(rd: RunDir) -> dict | None:
+    try:
+        return json.loads(rd.summary_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
