@@ -12,3 +12,13 @@ os.environ.setdefault("ESOPT_CACHE", os.path.join(os.path.dirname(__file__), "..
 @pytest.fixture(autouse=True)
 def _quiet_tokenizers(monkeypatch):
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def policy():
+    """A fresh tiny engine (seed 0) per test: tests that perturb or train it cannot leak into others."""
+    from esopt.engines.hf import HFEngine
+    from esopt.models.tiny import build_tiny_model
+
+    model, tokenizer = build_tiny_model(seed=0)
+    return HFEngine(model, tokenizer)

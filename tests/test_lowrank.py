@@ -102,7 +102,7 @@ def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path):
                                    "sampling.temperature=0", "es.batched=true"])
     policy = load_model(config.model, config.env.kwargs)
     make = env_factory(config)
-    es = ES(policy.model, config.strategy)
+    es = ES(policy.model, config.es_config)
     members, tasks = es.ask(0), [101, 102, 103]
     spec, context = rollout_spec(config, make), PopulationContext(es, policy, make, config.es.reward)
     seq = LocalEvaluator(context).evaluate(members, 0.2, tasks, 5, spec)

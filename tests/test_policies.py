@@ -15,12 +15,6 @@ from esopt.models.tiny import TinyConfig, build_char_tokenizer, build_tiny_model
 ASCII = "".join(chr(c) for c in range(32, 127)) + "\n"
 
 
-@pytest.fixture(scope="module")
-def policy() -> HFEngine:
-    model, tokenizer = build_tiny_model(seed=0)
-    return HFEngine(model, tokenizer)
-
-
 PROMPTS = ["1 12.4\n2 .4.2\nok t9\n>", "hello\n>", "a much longer prompt than the others\n>", "x\n>"]
 
 

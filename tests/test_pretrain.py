@@ -9,9 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from esopt.cli import main as cli_main
-from esopt.engines.hf import HFEngine
 from esopt.envs.sudoku import SudokuEnv, oracle_move, parse_action
-from esopt.models.tiny import build_tiny_model
 from esopt.rollout import build_markov_prompt
 from esopt.train.sft import (
     Demo,
@@ -21,12 +19,6 @@ from esopt.train.sft import (
     random_invalid_move,
     take,
 )
-
-
-@pytest.fixture(scope="module")
-def policy() -> HFEngine:
-    model, tokenizer = build_tiny_model(seed=0)
-    return HFEngine(model, tokenizer)
 
 
 def test_demos_match_rollout_prompts_and_feedback(policy):

@@ -79,7 +79,7 @@ def test_a_drifted_replica_is_detected_and_replaced(tmp_path):
 
     config = load_config("smoke", [*COMMON, "distributed.backend=ray", "distributed.workers=2"])
     policy = load_model(config.model, config.env.kwargs)
-    es = ES(policy.model, config.strategy)
+    es = ES(policy.model, config.es_config)
     logs = []
     make = env_factory(config)
     evaluator = population_evaluator(config, es, policy, make, run_dir=tmp_path, log=logs.append)

@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from esopt.engines.base import Completion, SamplingParams
-from esopt.engines.hf import HFEngine
-from esopt.models.tiny import build_tiny_model
 from esopt.rollout import RolloutStats, Trajectory, markov_messages, run_episodes, turn_seed
 
 
@@ -79,12 +77,6 @@ class BisectPolicy:
             text = str((lo + hi) // 2)
             out.append(Completion(prompt_ids=[1, 2], token_ids=[ord(text)], text=text))
         return out
-
-
-@pytest.fixture(scope="module")
-def policy() -> HFEngine:
-    model, tokenizer = build_tiny_model(seed=0)
-    return HFEngine(model, tokenizer)
 
 
 SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8)

@@ -51,5 +51,5 @@ def use_decode_attention(model: torch.nn.Module) -> bool:
         return False
     AttentionInterface.register(NAME, decode_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
-    model.set_attn_implementation(NAME)
+    model.set_attn_implementation(NAME)  # type: ignore[operator]
     return config._attn_implementation == NAME

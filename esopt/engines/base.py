@@ -12,7 +12,7 @@ the object that applies each member's weights to its rows (`esopt.es.batched.Bat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import contextlib
@@ -65,7 +65,7 @@ class Completion:
 @runtime_checkable
 class Engine(Protocol):
     model: torch.nn.Module
-    tokenizer: object
+    tokenizer: Any  # a `transformers` tokenizer (callable on text, `decode`, `pad_token_id`)
 
     @property
     def device(self) -> torch.device: ...

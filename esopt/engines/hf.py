@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -67,7 +68,7 @@ class HFEngine:
         self.eos_token_ids = self._collect_eos_ids(model, tokenizer)
         if not self.eos_token_ids:
             raise ValueError("the tokenizer/model defines no EOS token: generation could not stop")
-        model.generation_config = GenerationConfig(
+        model.generation_config = GenerationConfig(  # type: ignore[assignment]
             bos_token_id=getattr(model.generation_config, "bos_token_id", None) or tokenizer.bos_token_id,
             eos_token_id=self.eos_token_ids,
             pad_token_id=tokenizer.pad_token_id,
@@ -104,12 +105,12 @@ class HFEngine:
             raise FileNotFoundError(f"model path does not exist: {target}")
         if gguf_file is None and not path.is_dir():
             raise ValueError(f"expected a model directory or a .gguf file, got {path}")
-        kwargs = {"local_files_only": True}
+        kwargs: dict[str, Any] = {"local_files_only": True}
         if gguf_file:
             kwargs["gguf_file"] = gguf_file
         tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, **kwargs)
-        return cls(model.to(dev), tokenizer)
+        return cls(model.to(dev), tokenizer)  # type: ignore[arg-type]
 
     @property
     def device(self) -> torch.device:
@@ -178,7 +179,7 @@ class HFEngine:
             raise ValueError(f"{len(members)} members for {len(prompts)} prompts")
         if self.router is not None and members is None:
             raise ValueError("a member router is active: generate needs the member of every prompt")
-        if self.router is not None:  # every forward pass of a plain `generate` sees these rows
+        if self.router is not None and members is not None:  # every forward of a plain `generate` sees these rows
             self.router.set_rows(list(members))
         out = self._generate(prompts, sampling, seed, return_logprobs, members)
         if not sampling.stop:
@@ -200,7 +201,7 @@ class HFEngine:
             if prefix_len >= self.min_prefix_tokens:
                 tokens, _ = generate_with_shared_prefix(
                     self.model, ids, prefix_len, sampling, self.eos_token_ids, self.tokenizer.pad_token_id, seed,
-                    groups=None if self.router is None else list(members),
+                    groups=None if self.router is None or members is None else list(members),
                     set_rows=None if self.router is None else self.router.set_rows,
                     store=self.prefix_kv if self.keep_prefix else None, min_reuse=self.min_prefix_tokens)
                 texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
@@ -211,7 +212,7 @@ class HFEngine:
         attention_mask = enc["attention_mask"].to(dev)
         gen_config = self._generation_config(sampling, return_logprobs)
         with self._rng(seed, dev):
-            out = self.model.generate(
+            out = self.model.generate(  # type: ignore[operator]
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_config
             )
         new_tokens = out.sequences[:, input_ids.shape[1] :]  # (B, S)

@@ -56,7 +56,7 @@ class PrefixKV:
         # references, not copies: a DynamicCache replaces its tensors as it grows, it never writes into them
         self.ids = tuple(prefix)
         self.groups = {g: i for i, g in enumerate(groups)}
-        self.layers = [(layer.keys, layer.values) for layer in cache.layers]
+        self.layers = [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr, misc]
 
 
 def shared_prefix_length(ids: Sequence[Sequence[int]]) -> int:
@@ -121,22 +121,29 @@ def generate_with_shared_prefix(
     With a `store`, a prefix cached by an earlier call (same weights: the caller's duty) is reused, at least
     `min_reuse` tokens of it; only the rest of this call's prefix is encoded."""
     dev = next(model.parameters()).device
-    batch = len(ids)
-    suffixes = [list(x[prefix_len:]) for x in ids]
-    width = max(len(s) for s in suffixes)
     generator = None
     if seed is not None and not sampling.greedy:
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
+    cache = _prefix_cache(model, ids, prefix_len, groups, set_rows, store, min_reuse)
+    input_ids, mask, positions = _suffix_batch(ids, prefix_len, pad_token_id, dev)
+    return _decode(model, cache, input_ids, mask, positions, prefix_len, sampling, eos_token_ids, pad_token_id,
+                   generator, return_logprobs)
 
-    cache = DynamicCache(config=model.config)
+
+def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_len: int,
+                  groups: Sequence[int] | None, set_rows: Callable[[list[int]], None] | None,
+                  store: PrefixKV | None, min_reuse: int) -> DynamicCache:
+    """The KV of the shared prefix, once per group (reused from `store` where it holds it), expanded to rows."""
+    dev = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
     distinct = sorted(set(groups)) if groups is not None else [0]
     if set_rows is not None:
         set_rows(list(distinct))
     reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
     if reused < min_reuse:
         reused = 0
-    if reused:
+    if reused and store is not None:
         store.reused_tokens += reused
         index = torch.tensor(rows, device=dev)
         for layer, (k, v) in enumerate(store.layers):
@@ -147,14 +154,21 @@ def generate_with_shared_prefix(
         if store is not None and not reused:
             store.save(ids[0][:prefix_len], distinct, cache)
     if groups is None:
-        cache.batch_repeat_interleave(batch)
+        cache.batch_repeat_interleave(len(ids))
     else:
         where = {g: k for k, g in enumerate(distinct)}
         cache.batch_select_indices(torch.tensor([where[g] for g in groups], device=dev))
         if set_rows is not None:
             set_rows(list(groups))
+    return cache
 
-    # [prefix | pad ... | suffix_i]: pads are masked; positions continue the prefix without gaps
+
+def _suffix_batch(ids: Sequence[Sequence[int]], prefix_len: int, pad_token_id: int, dev: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[prefix | pad ... | suffix_i]: input ids (B, W), attention mask (B, P+W), positions (B, W); pads are
+    masked and positions continue the prefix without gaps."""
+    suffixes = [list(x[prefix_len:]) for x in ids]
+    batch, width = len(ids), max(len(s) for s in suffixes)
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((batch, prefix_len + width), dtype=torch.long)
     mask[:, :prefix_len] = 1
@@ -163,9 +177,16 @@ def generate_with_shared_prefix(
         input_ids[i, width - len(s):] = torch.tensor(s)
         mask[i, prefix_len + width - len(s):] = 1
         positions[i, width - len(s):] = torch.arange(prefix_len, prefix_len + len(s))
-    input_ids, mask, positions = input_ids.to(dev), mask.to(dev), positions.to(dev)
-    cache_position = torch.arange(prefix_len, prefix_len + width, device=dev)
+    return input_ids.to(dev), mask.to(dev), positions.to(dev)
 
+
+def _decode(model: torch.nn.Module, cache: DynamicCache, input_ids: torch.Tensor, mask: torch.Tensor,
+            positions: torch.Tensor, prefix_len: int, sampling: SamplingParams, eos_token_ids: Sequence[int],
+            pad_token_id: int, generator: torch.Generator | None, return_logprobs: bool
+            ) -> tuple[list[list[int]], list[list[float]] | None]:
+    """The decode loop over the suffixes: token ids per row, cut after the first EOS (and their log-probs)."""
+    dev, (batch, width) = input_ids.device, input_ids.shape
+    cache_position = torch.arange(prefix_len, prefix_len + width, device=dev)
     eos = torch.tensor(list(eos_token_ids), device=dev)
     done = torch.zeros(batch, dtype=torch.bool, device=dev)
     steps: list[torch.Tensor] = []
@@ -187,7 +208,6 @@ def generate_with_shared_prefix(
         positions = positions[:, -1:] + 1
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=dev)], dim=1)
         cache_position = cache_position[-1:] + 1
-
     table = torch.stack(steps, dim=1).tolist()  # (B, S)
     is_eos = torch.isin(torch.stack(steps, dim=1), eos)
     lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full((batch,), len(steps), device=dev))

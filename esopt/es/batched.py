@@ -74,6 +74,8 @@ class BatchedLowRank:
         scale sigma*sign/sqrt(r) is folded into A here, so a forward pays two thin matmuls and nothing else."""
         key = (name, device)
         if key not in self.row_factors:
+            if self.rows is None or self.scales is None:
+                raise RuntimeError("BatchedLowRank: a forward pass outside members() or before set_rows()")
             a, b = self.factors[name]
             rows = self.rows.to(a.device)
             scale = self.scales.to(a.device, a.dtype)[rows][:, None, None]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,8 +57,8 @@ class ESConfig(BaseModel):
         return ParamScope(self.scope, self.scope_pattern)
 
     def noise_spec(self) -> dict:
-        return perturbation_class(self.noise).make_spec(self.chunk_numel, rank=self.noise_rank,
-                                                         others=self.noise_others)
+        kind: Any = perturbation_class(self.noise)  # a Perturbation class (esopt.es.perturbation, torch)
+        return kind.make_spec(self.chunk_numel, rank=self.noise_rank, others=self.noise_others)
 
     def sigma_at(self, generation: int) -> float:
         return Schedule(self.sigma_schedule, self.sigma, self.sigma_min, self._length())(generation)

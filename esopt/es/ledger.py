@@ -32,9 +32,6 @@ class Ledger:
             f.flush()
             os.fsync(f.fileno())
 
-    def records(self) -> list[dict]:
-        return read_history(self.path)
-
     def truncate(self, generations: int) -> None:
         """Keep the first `generations` complete lines (drops a torn last line too), atomically."""
         keep = read_history(self.path)[:generations] if self.path.exists() else []

@@ -239,8 +239,8 @@ class LowRankNoise(Perturbation):
     def factors(self, seed: int, name: str, shape: torch.Size, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(A, B): (out x r) and (in x r), fp32, from the member seed and the tensor name."""
         out_dim, in_dim = shape
-        a = self.noise.full(seed, name + "#A", (out_dim, self.rank), device=device)
-        b = self.noise.full(seed, name + "#B", (in_dim, self.rank), device=device)
+        a = self.noise.full(seed, name + "#A", torch.Size((out_dim, self.rank)), device=device)
+        b = self.noise.full(seed, name + "#B", torch.Size((in_dim, self.rank)), device=device)
         return a, b
 
     def delta(self, coefs: dict[int, float], name: str, p: torch.Tensor) -> torch.Tensor:

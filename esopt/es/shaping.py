@@ -80,14 +80,14 @@ def pair_disagreement(rewards, signs) -> float:
     return float(np.mean(r[0::2] != r[1::2]))
 
 
-SHAPERS: dict[str, Callable[[Sequence[float]], np.ndarray]] = {
+SHAPERS: dict[str, Callable[[Sequence[float] | np.ndarray], np.ndarray]] = {
     "zscore": zscore,
     "centered_rank": centered_rank,
     "identity": identity,
 }
 
 
-def get_shaper(name: str) -> Callable[[Sequence[float]], np.ndarray]:
+def get_shaper(name: str) -> Callable[[Sequence[float] | np.ndarray], np.ndarray]:
     if name not in SHAPERS:
         raise ValueError(f"unknown shaping {name!r}; choose one of {sorted(SHAPERS)}")
     return SHAPERS[name]

@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, str] = {
     "population": "esopt.experiments.population",
     "gpu": "esopt.experiments.gpu",
     "sandbox": "esopt.experiments.sandbox_overhead",  # per-call cost of each sandbox backend
+    "serve": "esopt.experiments.serve_throughput",  # esopt serve at 1, 8 and 64 concurrent clients
 }
 ANALYSES: dict[str, str] = {
     "variance": "esopt.experiments.variance",

@@ -29,7 +29,7 @@ def _phase(args: argparse.Namespace) -> dict:
     policy = load_policy(args.model, dtype=args.dtype, device=args.device)
     obs = "1 12.4\n2 .4.2\n3 3..1\n4 43.1\nok t12"  # a short Sudoku observation
     prompts = [policy.build_prompt([{"role": "user", "content": obs}])] * args.batch
-    sampling = SamplingParams(0.7, 0.8, 20, args.max_new_tokens)
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens)
     out = {"params": sum(p.numel() for p in policy.model.parameters())}
     if args.phase == "infer":
         t = time.perf_counter()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -36,11 +35,11 @@ def mcnemar_p(before: list[int], after: list[int]) -> float:
     """Exact two-sided McNemar test on paired binary outcomes (binomial test on the discordant pairs)."""
     b = sum(1 for x, y in zip(before, after) if x and not y)
     c = sum(1 for x, y in zip(before, after) if y and not x)
-    n = b + c
-    if n == 0:
+    if b + c == 0:
         return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    from scipy.stats import binomtest
+
+    return float(binomtest(min(b, c), b + c, 0.5).pvalue)
 
 
 def permuted_records(records: list[dict], seed: int) -> list[dict]:

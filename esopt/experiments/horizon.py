@@ -29,7 +29,6 @@ calibrated and tuned, and the CPU budget per step, are in results/horizon.md.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -38,6 +37,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+from esopt.engines.base import SamplingParams
 
 METHODS = ("es", "grpo", "ppo")
 LABELS = {"es": "ES", "grpo": "GRPO", "ppo": "PPO"}
@@ -72,7 +73,7 @@ class Plan:
     size: int = 4
     reward: str = "shaped"  # training score of every method: shaped | success | env
     max_new_tokens: int = 10
-    temperature: float = 0.7
+    temperature: float = SamplingParams.temperature
     overrides: list[str] = field(default_factory=list)  # `--set` dotted overrides
 
     def check(self) -> None:
@@ -148,11 +149,11 @@ def _state(run: Path) -> str:
 
 
 def _train_in_process(run: Path, resume: bool, progress: bool) -> int:
+    from esopt.train import trainer
     from esopt.train.config import load_config
 
     config = load_config(run / "config.yaml")
-    summary = importlib.import_module(f"esopt.train.{config.algo}").train(config, run, resume=resume,
-                                                                         progress=progress)
+    summary = trainer(config.algo)(config, run, resume=resume, progress=progress)
     return 130 if summary.get("interrupted") else 0
 
 

@@ -50,7 +50,7 @@ def measure(config_path: str | None, overrides: list[str], sigmas: list[float], 
               f"shaped {base_eval['shaped_reward']:.3f} | {time.perf_counter() - t0:.0f}s", flush=True)
     rows = []
     for sigma in sigmas:
-        es = ES(policy.model, config.strategy.model_copy(update={
+        es = ES(policy.model, config.es_config.model_copy(update={
             "population_size": k, "antithetic": False, "sigma": sigma, "sigma_schedule": "constant", "alpha": 0.0,
             "seed": seed}))
         members = es.ask(0)

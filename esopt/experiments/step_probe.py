@@ -96,7 +96,7 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     policy = load_model(config.model, config.env.kwargs)
     make = env_factory(config)
     e = config.es
-    es = ES(policy.model, config.strategy.model_copy(update={
+    es = ES(policy.model, config.es_config.model_copy(update={
         "population_size": 2 * setup.pairs, "antithetic": True, "sigma": setup.sigma or e.sigma,
         "sigma_schedule": "constant", "alpha": 0.0, "seed": setup.seed}))
     t0 = time.perf_counter()

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from esopt.engines.base import SamplingParams
 from esopt.utils.report import add_analysis_options
 
 METHODS = ("pg", "es")
@@ -63,7 +64,7 @@ class Setup:
     seed: int = 0
     size: int = 4
     warm_start_steps: int = 800
-    temperature: float = 0.7
+    temperature: float = SamplingParams.temperature
     max_new_tokens: int = 10
     micro_batch: int = 64
 
@@ -211,7 +212,6 @@ def _seeds(*key: int, n: int) -> list[int]:
 
 def measure(setup: Setup, progress: bool = True) -> dict:
     """Run the analysis; returns {"setup", "rows": [per (method, H*)], "fits": {method: {...}}}."""
-    from esopt.engines.base import SamplingParams
     from esopt.envs import make_env
     from esopt.es import ES, ESConfig, ParamScope, select_parameters
     from esopt.rollout import run_episodes, trajectory_score
@@ -223,7 +223,7 @@ def measure(setup: Setup, progress: bool = True) -> dict:
                         {"size": setup.size})
     params = select_parameters(policy.model, ParamScope())
     dim = sum(p.numel() for _, p in params)
-    sampling = SamplingParams(setup.temperature, 0.8, 20, setup.max_new_tokens)
+    sampling = SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens)
     es = ES(policy.model, ESConfig(population_size=setup.members, antithetic=setup.antithetic, sigma=setup.sigma,
                                    sigma_min=setup.sigma, sigma_schedule="constant", alpha=0.0, seed=setup.seed))
     directions = random_directions(dim, setup.directions, setup.seed)  # the same K directions everywhere

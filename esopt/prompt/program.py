@@ -43,9 +43,3 @@ class PromptStore:
         if not self.root.exists():
             return []
         return [PromptVersion(**json.loads(p.read_text())) for p in sorted(self.root.glob("v*.json"))]
-
-    def get(self, version: int) -> PromptVersion:
-        path = self.root / f"v{version:04d}.json"
-        if not path.exists():
-            raise FileNotFoundError(f"prompt version {version} is not in {self.root}")
-        return PromptVersion(**json.loads(path.read_text()))

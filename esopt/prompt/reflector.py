@@ -8,11 +8,7 @@ caller keeps its current prompt and the run goes on.
 
 from __future__ import annotations
 
-import json
 import os
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Protocol
 
@@ -36,40 +32,39 @@ class PolicyReflector:
 
 
 class HTTPReflector:
+    """An OpenAI-compatible chat endpoint (`esopt serve`, vLLM, a hosted model) through the `openai` client,
+    which retries connection errors, timeouts, 429 and 5xx with backoff. A reply that never comes or cannot
+    be read is logged in one line and gives None: the current prompt then stays."""
+
     def __init__(self, base_url: str, model: str = "default", api_key_env: str | None = None, timeout_s: float = 60.0,
                  retries: int = 2, max_tokens: int = 512, temperature: float = 0.0,
-                 log: Callable[[str], None] = print, backoff_s: float = 0.5):
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.timeout_s, self.retries, self.log, self.backoff_s = model, timeout_s, retries, log, backoff_s
-        self.max_tokens, self.temperature = max_tokens, temperature
-        self.api_key = os.environ.get(api_key_env) if api_key_env else None
-        if api_key_env and not self.api_key:
+                 log: Callable[[str], None] = print):
+        import openai
+
+        api_key = os.environ.get(api_key_env) if api_key_env else None
+        if api_key_env and not api_key:
             raise ValueError(f"reflector: environment variable {api_key_env} (the API key) is not set")
+        self.url, self.model, self.retries, self.log = base_url.rstrip("/"), model, retries, log
+        self.max_tokens, self.temperature = max_tokens, temperature
+        self.openai = openai
+        self.client = openai.OpenAI(base_url=self.url, api_key=api_key or "unused", timeout=timeout_s,
+                                    max_retries=retries)
 
     def complete(self, messages: list[Message]) -> str | None:
-        body = json.dumps({"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
-                           "temperature": self.temperature}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        for attempt in range(1, self.retries + 2):
-            why = None
-            try:
-                req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    reply = json.loads(resp.read().decode("utf-8", errors="replace"))
-                text = reply["choices"][0]["message"]["content"]
-                if isinstance(text, str):
-                    return text
-                why = f"content is {type(text).__name__}, not text"
-            except urllib.error.HTTPError as e:
-                why = f"HTTP {e.code}"
-            except (urllib.error.URLError, TimeoutError, OSError) as e:
-                why = f"no reply ({getattr(e, 'reason', e)})"
-            except (ValueError, KeyError, IndexError, TypeError) as e:
-                why = f"malformed reply ({type(e).__name__}: {str(e)[:80]})"
-            self.log(f"reflector {self.url}: attempt {attempt}/{self.retries + 1} failed: {why}")
-            if attempt <= self.retries:
-                time.sleep(self.backoff_s * attempt)
-        self.log(f"reflector {self.url}: giving up; the current prompt stays")
+        o = self.openai
+        try:
+            reply = self.client.chat.completions.create(model=self.model, messages=messages,  # type: ignore[arg-type]
+                                                        max_tokens=self.max_tokens, temperature=self.temperature)
+            text = reply.choices[0].message.content
+            if isinstance(text, str):
+                return text
+            why = f"content is {type(text).__name__}, not text"
+        except o.APIStatusError as e:
+            why = f"HTTP {e.status_code}"
+        except (o.APITimeoutError, o.APIConnectionError) as e:
+            why = f"no reply ({type(e).__name__})"
+        except (o.APIError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            why = f"malformed reply ({type(e).__name__}: {str(e)[:80]})"
+        self.log(f"reflector {self.url}: no usable reply ({why}; transient errors retried {self.retries}x); the "
+                 "current prompt stays")
         return None

@@ -132,61 +132,38 @@ def run_episodes(
     once its generated tokens reach it. Envs with `concurrent_steps = True` (tool use) are stepped in up to
     `step_workers` threads, so one slow tool call does not hold up the others.
     """
-    if conversation not in ("markov", "history"):
-        raise ValueError(f"conversation must be 'markov' or 'history', got {conversation!r}")
-    if max_batch_size is not None and max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
-    if max_episode_tokens is not None and max_episode_tokens < 1:
-        raise ValueError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
-    if max_prompt_tokens is not None and max_prompt_tokens < 1:
-        raise ValueError(f"max_prompt_tokens must be >= 1 or None, got {max_prompt_tokens}")
+    _check_settings(conversation, max_batch_size, max_episode_tokens, max_prompt_tokens)
     if members is not None and len(members) != len(task_seeds):
         raise ValueError(f"{len(members)} members for {len(task_seeds)} task seeds")
     start = time.perf_counter()
     stats = RolloutStats(episodes=len(task_seeds))
-    envs: list[gym.Env] = []
+    episodes: list[_Episode] = []
     bar = None
     scope = contextlib.ExitStack()
     try:
-        episodes = []
         for task_seed in task_seeds:
             env = env_factory()
-            envs.append(env)
-            system = resolve_system_prompt(env, system_prompt)
-            episodes.append(_Episode(env, int(task_seed), system, conversation, examples))
-        if envs:  # the env's own stop strings (a ReAct turn ends at its call), after the caller's
-            extra = [x for x in getattr(envs[0].unwrapped, "stop_strings", ()) if x not in sampling.stop]
+            episodes.append(_Episode(env, int(task_seed), resolve_system_prompt(env, system_prompt), conversation,
+                                     examples))
+        if episodes:  # the env's own stop strings (a ReAct turn ends at its call), after the caller's
+            extra = [x for x in getattr(episodes[0].env.unwrapped, "stop_strings", ()) if x not in sampling.stop]
             if extra:
                 sampling = dataclasses.replace(sampling, stop=(*sampling.stop, *extra))
         if progress:
             from esopt.utils.progress import progress_bar
 
             bar = progress_bar(None, "rollout", leave=False, unit="turn")
-        episode_index = {id(e): i for i, e in enumerate(episodes)}
-        turn = 0
+        owner = {id(e): m for e, m in zip(episodes, members)} if members is not None else None
         if hasattr(policy, "rollout_scope"):  # weights are fixed during a rollout: the prompt prefix's
             scope.enter_context(policy.rollout_scope())  # cache may be kept from turn to turn
+        turn = 0
         while active := [e for e in episodes if not e.done]:
             prompts = [e.prompt(policy, max_prompt_tokens) for e in active]
-            chunk = max_batch_size or len(active)
-            gens = []
             t0 = time.perf_counter()
-            for c, lo in enumerate(range(0, len(active), chunk)):
-                owners = {}
-                if members is not None:
-                    owners["members"] = [members[episode_index[id(e)]] for e in active[lo : lo + chunk]]
-                gens += policy.generate(prompts[lo : lo + chunk], sampling, seed=turn_seed(seed, turn, c),
-                                        return_logprobs=return_logprobs, **owners)
+            gens = _generate_turn(policy, active, prompts, sampling, turn_seeds=(seed, turn), owner=owner,
+                                  max_batch_size=max_batch_size, return_logprobs=return_logprobs)
             stats.generate_seconds += time.perf_counter() - t0
-            if len(gens) != len(active):
-                raise RuntimeError(f"policy returned {len(gens)} generations for {len(active)} prompts")
-            steps = [(episode, prompt, gen) for episode, prompt, gen in zip(active, prompts, gens)]
-            if step_workers > 1 and len(steps) > 1 and getattr(steps[0][0].env.unwrapped, "concurrent_steps", False):
-                with ThreadPoolExecutor(min(step_workers, len(steps))) as pool:
-                    list(pool.map(lambda x: x[0].step(x[1], x[2], max_turns, max_episode_tokens), steps))
-            else:
-                for episode, prompt, gen in steps:
-                    episode.step(prompt, gen, max_turns, max_episode_tokens)
+            _step_envs(active, prompts, gens, max_turns, max_episode_tokens, step_workers)
             turn += 1
             if bar is not None:
                 bar.update(1)
@@ -195,8 +172,8 @@ def run_episodes(
         scope.close()
         if bar is not None:
             bar.close()
-        for env in envs:
-            env.close()
+        for episode in episodes:
+            episode.env.close()
     trajectories = [e.trajectory for e in episodes]
     for traj in trajectories:
         stats.turns += traj.num_turns
@@ -204,3 +181,41 @@ def run_episodes(
         stats.prompt_tokens += traj.prompt_tokens
     stats.seconds = time.perf_counter() - start
     return trajectories, stats
+
+
+def _check_settings(conversation: str, max_batch_size: int | None, max_episode_tokens: int | None,
+                    max_prompt_tokens: int | None) -> None:
+    if conversation not in ("markov", "history"):
+        raise ValueError(f"conversation must be 'markov' or 'history', got {conversation!r}")
+    for name, value in (("max_batch_size", max_batch_size), ("max_episode_tokens", max_episode_tokens),
+                        ("max_prompt_tokens", max_prompt_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1 or None, got {value}")
+
+
+def _generate_turn(policy: Engine, active: list[_Episode], prompts: list[str], sampling: SamplingParams,
+                   turn_seeds: tuple[int, int], owner: dict[int, int] | None, max_batch_size: int | None,
+                   return_logprobs: bool) -> list[Completion]:
+    """One turn's completions for every active episode: one generate call per chunk of `max_batch_size`."""
+    seed, turn = turn_seeds
+    chunk = max_batch_size or len(active)
+    gens: list[Completion] = []
+    for c, lo in enumerate(range(0, len(active), chunk)):
+        rows = {} if owner is None else {"members": [owner[id(e)] for e in active[lo : lo + chunk]]}
+        gens += policy.generate(prompts[lo : lo + chunk], sampling, seed=turn_seed(seed, turn, c),
+                                return_logprobs=return_logprobs, **rows)
+    if len(gens) != len(active):
+        raise RuntimeError(f"policy returned {len(gens)} generations for {len(active)} prompts")
+    return gens
+
+
+def _step_envs(active: list[_Episode], prompts: list[str], gens: list[Completion], max_turns: int | None,
+               max_episode_tokens: int | None, step_workers: int) -> None:
+    """Each env steps on its completion; tool envs (`concurrent_steps`) in threads, so a slow call waits alone."""
+    steps = list(zip(active, prompts, gens))
+    if step_workers > 1 and len(steps) > 1 and getattr(active[0].env.unwrapped, "concurrent_steps", False):
+        with ThreadPoolExecutor(min(step_workers, len(steps))) as pool:
+            list(pool.map(lambda x: x[0].step(x[1], x[2], max_turns, max_episode_tokens), steps))
+    else:
+        for episode, prompt, gen in steps:
+            episode.step(prompt, gen, max_turns, max_episode_tokens)

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from esopt.engines.base import SamplingParams
 from esopt.es.config import ESConfig
 
+ScoreKind = Literal["env", "success", "shaped"]  # how an episode becomes one scalar (`trajectory_score`)
+
 
 class ConfigError(ValueError):
     """A bad config, reported in one line."""
@@ -61,9 +63,9 @@ class EnvSection(Section):
 
 
 class SamplingSection(Section):
-    temperature: float = Field(0.7, ge=0)
-    top_p: float = Field(0.8, gt=0, le=1)
-    top_k: int = Field(20, ge=0)
+    temperature: float = Field(SamplingParams.temperature, ge=0)
+    top_p: float = Field(SamplingParams.top_p, gt=0, le=1)
+    top_k: int = Field(SamplingParams.top_k, ge=0)
     max_new_tokens: int = Field(64, ge=1)
     stop: list[str] = Field(default_factory=list, description="stop strings (ReAct: ['Observation:'])")
 
@@ -110,7 +112,7 @@ class ESSection(ESConfig):
     total_generations: int | None = Field(None, ge=1, description="schedule length (default: the run's steps)")
     seed: int | None = Field(None, description="member-seed stream (default: the run's seed)")
     tasks_per_member: int = Field(32, ge=1, description="E: every member runs the same E tasks")
-    reward: Literal["env", "success", "shaped"] = Field("env", description="member score: env reward, success, or info['shaped_reward']")
+    reward: ScoreKind = Field("env", description="member score: env reward, success, or info['shaped_reward']")
     task_set: Literal["fresh", "fixed"] = Field(
         "fresh", description="fresh: new training tasks every generation; fixed: a pool drawn once and reused (the paper)")
     task_pool: int | None = Field(None, ge=1, description="fixed: pool size (default tasks_per_member: every "
@@ -204,7 +206,7 @@ class ESTrainConfig(BaseTrainConfig):
         return self.es.tasks_per_member  # members run one after another
 
     @property
-    def strategy(self) -> ESSection:
+    def es_config(self) -> ESSection:
         """The `es` section with the schedule length and seed resolved: what `ES` runs with."""
         e = self.es
         return e.model_copy(update={"total_generations": e.total_generations or self.steps,
@@ -217,7 +219,7 @@ class PGSection(Section):
     """Hyper-parameters GRPO and PPO share (each trainer overrides some defaults)."""
 
     tasks_per_step: int = Field(128, ge=1, description="distinct training tasks per optimisation step")
-    reward: Literal["env", "success", "shaped"] = Field(
+    reward: ScoreKind = Field(
         "env", description="episode score: env reward, success, or info['shaped_reward'] (as ES's member score)")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate of the policy")
     weight_decay: float = Field(0.0, ge=0)
@@ -365,18 +367,38 @@ def resolve_config_path(path: str | Path) -> Path:
     raise ConfigError(f"config error: file {path} does not exist (shipped configs: {', '.join(shipped_configs())})")
 
 
+# the sections only one algorithm's config has: a config that names a base of another algorithm drops them
+ALGORITHM_SECTIONS = {"es": ("es", "distributed", "prompt"), "grpo": ("grpo",), "ppo": ("ppo",)}
+
+
+def read_config_data(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A config file's fields, merged onto its `base:` (a shipped config's name or a path) when it names one:
+    the file holds only what differs from the base."""
+    path = resolve_config_path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0]
+        raise ConfigError(f"config error: {path} is not valid YAML: {first}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config error: {path} must hold a mapping of fields, got {type(data).__name__}")
+    if "base" not in data:
+        return data
+    if path.resolve() in seen:
+        raise ConfigError(f"config error: {path}: `base` chain loops back to itself")
+    base_name = data.pop("base")
+    if not isinstance(base_name, str):
+        raise ConfigError(f"config error: {path}: base must be a config name or path, got {base_name!r}")
+    near = path.parent / base_name
+    base = read_config_data(near if near.exists() else base_name, (*seen, path.resolve()))
+    algo, base_algo = data.get("algo", base.get("algo", "es")), base.get("algo", "es")
+    if algo != base_algo:
+        base = {k: v for k, v in base.items() if k not in ALGORITHM_SECTIONS.get(base_algo, ())}
+    return _deep_merge(base, data)
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> BaseTrainConfig:
-    data: dict = {}
-    if path is not None:
-        path = resolve_config_path(path)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            first = str(e).splitlines()[0]
-            raise ConfigError(f"config error: {path} is not valid YAML: {first}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config error: {path} must hold a mapping of fields, got {type(data).__name__}")
-    return build_config(data, overrides)
+    return build_config(read_config_data(path) if path is not None else {}, overrides)
 
 
 def dump_config(config: BaseTrainConfig, path: str | Path) -> None:

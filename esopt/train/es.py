@@ -61,7 +61,7 @@ def population_fitness(results: Sequence[MemberResult], config: ESTrainConfig) -
 def replica_setup(config_data: dict) -> ReplicaParts:
     """Run in a remote worker: the run's model (base weights) and envs, from the config alone."""
     config = build_config(config_data)
-    return ReplicaParts(config.strategy, load_model(config.model, config.env.kwargs), env_factory(config),
+    return ReplicaParts(config.es_config, load_model(config.model, config.env.kwargs), env_factory(config),
                         config.es.reward)
 
 
@@ -84,7 +84,7 @@ class ESAlgorithm:
     def __init__(self, policy: Engine, config: ESTrainConfig, rd: RunDir, make_env: Callable, timers: Timers,
                  start: int, progress: bool):
         self.policy, self.config, self.timers = policy, config, timers
-        self.es = ES(policy.model, config.strategy, ledger=rd.history_path, generation=start,
+        self.es = ES(policy.model, config.es_config, ledger=rd.history_path, generation=start,
                      on_weights_changed=policy.weights_changed)
         self.spec = rollout_spec(config, make_env)
         records = read_history(rd.history_path)[:start] if rd.history_path.exists() else []
@@ -148,6 +148,9 @@ class ESAlgorithm:
 
     def close(self) -> None:
         self.evaluator.close()
+
+    def time_shares(self, timers: Timers) -> dict[str, float]:
+        return {"es_overhead_share": timers.es_overhead_share}
 
     def time_note(self, timers: Timers) -> str:
         return f"ES overhead share {timers.es_overhead_share:.1%}"

@@ -53,6 +53,10 @@ class Algorithm(Protocol):
         """The summary's note on where the time went."""
         ...
 
+    def time_shares(self, timers: Timers) -> dict[str, float]:
+        """The algorithm's own shares of the time split (ES: its overhead; GRPO/PPO: the update)."""
+        ...
+
     def final_files(self) -> dict:
         """Extra files beside the final weights (the prompt program)."""
         ...
@@ -165,7 +169,7 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
         "seconds": seconds, "seconds_per_step": seconds / max(done - start, 1),
         "time_split": {"perturb": timers.perturb, "restore": timers.restore, "update": timers.update,
                        "rollout": timers.rollout, "eval": timers.eval,
-                       "es_overhead_share": timers.es_overhead_share},
+                       **algorithm.time_shares(timers)},
         "peak_memory_bytes": peak, "inference_peak_bytes": infer,
         "memory_ratio": peak / infer if infer else None,
         "eval_before": first, "eval_after": last,

@@ -326,7 +326,7 @@ def main_pretrain(argv: list[str] | None = None) -> int:
     for h in [h for h in args.eval_h_stars if 1 <= h <= args.size**2]:
         for name, sampling in (
             ("greedy", SamplingParams(temperature=0, max_new_tokens=16)),
-            ("T=0.7", SamplingParams(temperature=0.7, top_p=0.8, top_k=20, max_new_tokens=16)),
+            ("T=0.7", SamplingParams(max_new_tokens=16)),
         ):
             rate = multi_turn_success(policy, args.size, h, sampling, args.eval_episodes, seed=args.seed)
             success[f"h{h}_{name}"] = rate

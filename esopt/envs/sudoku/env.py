@@ -184,8 +184,7 @@ class SudokuEnv(AgentEnv):
         return find_clash(self._board, r - 1, c - 1) is None
 
     def _obs(self) -> str:
-        # Tried: status line first (board at a fixed distance from the reply). The tiny model's warm start
-        # learned it worse (25% vs 43% per-move accuracy), so the status line stays last.
+        # the status line stays last (why: results/design_notes.md)
         lines = [f"{r + 1} " + "".join(_CELL_CHARS[v] for v in row) for r, row in enumerate(self._board)]
         if self.hints != "none":  # the open cells as "row col" pairs, in the move's own order
             empty = [f"{r + 1} {c + 1}" + self._candidates_text(r, c)

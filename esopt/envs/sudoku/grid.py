@@ -212,10 +212,8 @@ def count_solutions(puzzle: Sequence[Sequence[int]], size: int, limit: int = 2) 
 
 
 def oracle_move(board: Sequence[Sequence[int]], solution: Sequence[Sequence[int]] | None = None) -> str:
-    """Canonical text of a correct move for the first empty cell (row-major), e.g. 'set 2 3 5'.
-
-    (Tried: the most constrained cell instead. The tiny model's warm start learned it about half as
-    well, 20% vs 43% per-move accuracy after 600-800 steps, so the simpler target stays.)"""
+    """Canonical text of a correct move for the first empty cell (row-major), e.g. 'set 2 3 5' (why not the
+    most constrained cell: results/design_notes.md)."""
     n = len(board)
     if solution is None:
         solution = solve(board, n)

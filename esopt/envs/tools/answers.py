@@ -14,6 +14,8 @@ import re
 import unicodedata
 from fractions import Fraction
 
+from rapidfuzz.distance import Levenshtein
+
 MAX_EXPRESSION_CHARS = 80
 NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _WORDS = {"sqrt", "pi"}
@@ -143,18 +145,6 @@ def normalize_text(text: str) -> str:
     return text.strip(" .,:;!?\"'")
 
 
-def levenshtein(a: str, b: str) -> int:
-    if len(a) < len(b):
-        a, b = b, a
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1]
-
-
 def anls(answer: str, golds: list[str] | str, threshold: float = 0.5) -> float:
     """Average Normalised Levenshtein Similarity for one question (DocVQA): the best over the gold answers of
     1 - NL(answer, gold), where NL >= threshold scores 0."""
@@ -165,7 +155,7 @@ def anls(answer: str, golds: list[str] | str, threshold: float = 0.5) -> float:
         g = normalize_text(gold)
         if not a and not g:
             return 1.0
-        nl = levenshtein(a, g) / max(len(a), len(g), 1)
+        nl = Levenshtein.distance(a, g) / max(len(a), len(g), 1)
         best = max(best, 1.0 - nl if nl < threshold else 0.0)
     return best
 

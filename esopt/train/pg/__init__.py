@@ -151,8 +151,11 @@ class PolicyGradient:
         state = self.algo.state_dict()
         return {STATE_FILE: lambda path: torch.save(state, path)}
 
+    def time_shares(self, timers: Timers) -> dict[str, float]:
+        return {"update_share": timers.update / max(timers.update + timers.rollout, 1e-9)}
+
     def time_note(self, timers: Timers) -> str:
-        return f"update share {timers.update / max(timers.update + timers.rollout, 1e-9):.1%}"
+        return f"update share {self.time_shares(timers)['update_share']:.1%}"
 
 
 def pg_setup(build: Builder):
