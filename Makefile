@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 # system packages: the OCR engine of the DocQA env, and bubblewrap (`bwrap`), the math env's code sandbox
 APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test test-fast lint venv clean
 
 $(VENV)/.installed: pyproject.toml
 	command -v tesseract >/dev/null || $(APT) install -y -q tesseract-ocr || { $(APT) update -q && $(APT) install -y -q tesseract-ocr; }
@@ -24,12 +24,18 @@ venv: $(VENV)/.installed
 demo: venv
 	$(VENV)/bin/esopt demo
 
-test: venv
-	$(VENV)/bin/ruff check esopt tests
+test: venv lint
 	$(PY) -m pytest -q -n 2 --durations=15
 
+# the suite without the tests marked slow (end-to-end runs, SmolLM2, Ray, packaging): a couple of minutes
+test-fast: venv lint
+	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10
+
+# ruff (line length 120 enforced), mypy on the core packages (es, population, engines, rollout); the
+# architecture contract (layers, no cycles) is a test: tests/test_architecture.py
 lint: venv
 	$(VENV)/bin/ruff check esopt tests
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache build dist

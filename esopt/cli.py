@@ -15,7 +15,7 @@ EXAMPLES = """examples:
   esopt train configs/sudoku4_h10_cpu.yaml es.sigma=2e-3 env.kwargs.h_star=15
   esopt train --resume runs/smoke
   esopt eval --model tiny-sudoku --size 4 --h-star 10 --episodes 64
-  esopt eval --model smollm2 --env esopt/Sudoku-v0 --env-kwargs '{"size": 4, "h_star": 1, "show_empty": true}' --few-shot 2
+  esopt eval --model smollm2 --env-kwargs '{"size": 4, "h_star": 1, "hints": "empty"}' --few-shot 2
   esopt replay runs/smoke --out runs/smoke-replayed
   esopt demo
 """
@@ -194,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", type=int, help="ES: evaluate the population on N Ray workers (distributed.backend=ray)")
     t.set_defaults(func=_train)
 
+    _add_eval(sub)
+    _add_serve_and_demo(sub)
+    _add_passthrough(sub)
+    return p
+
+
+def _add_eval(sub) -> None:
     e = sub.add_parser("eval", help="roll out a model on an env and print success, reward, turns, tokens/s")
     e.add_argument("--model", default="tiny", help="tiny | tiny-sudoku | smollm2 | local HF dir | .gguf file")
     e.add_argument("--env", default="esopt/Sudoku-v0", help="registered env id")
@@ -202,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--h-star", type=int, help="Sudoku: holes = minimum turns to succeed (default 5)")
     e.add_argument("--reward", choices=["binary", "shaped"], help="Sudoku: env reward (default binary)")
     e.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
-                   help="extra env argument (repeatable), e.g. --env-arg show_empty=true")
+                   help="extra env argument (repeatable), e.g. --env-arg hints=candidates")
     e.add_argument("--episodes", type=int, default=32, help="tasks (one episode each unless --rollouts-per-task)")
     e.add_argument("--rollouts-per-task", type=int, default=1,
                    help="N > 1: test-time compute, reports Mean@N, Pass@k, best-of-N (env verifier) and vote@N")
@@ -222,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=_eval)
 
+
+def _add_serve_and_demo(sub) -> None:  # and replay
     r = sub.add_parser("replay", help="rebuild a run's weights from its base model and history.jsonl")
     r.add_argument("run_dir")
     r.add_argument("--out", required=True, help="where to write the rebuilt HF model")
@@ -248,21 +257,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the warm-started tiny model instead of SmolLM2: the machinery only (it shows no gain)")
     d.set_defaults(func=_demo)
 
+
+def _add_passthrough(sub) -> None:
+    """Sub-commands with their own argument parsers: everything after the name goes to them."""
+    from esopt.experiments import ANALYSES, BENCHMARKS
+
     pt = sub.add_parser("pretrain", help="supervised warm start of the tiny model (see esopt pretrain -h)",
                         add_help=False)
     pt.add_argument("rest", nargs=argparse.REMAINDER)
     pt.set_defaults(func=_pretrain)
 
-    b = sub.add_parser("bench", help="benchmarks: overhead | rollout | horizon | population | gpu (pass -h after the name)")
+    b = sub.add_parser("bench", help=f"benchmarks: {' | '.join(BENCHMARKS)} (pass -h after the name)")
     b.add_argument("which")
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
 
-    a = sub.add_parser("analyze", help="analyses: variance | step | calibrate | neighbourhood | gain (pass -h after the name)")
+    a = sub.add_parser("analyze", help=f"analyses: {' | '.join(ANALYSES)} (pass -h after the name)")
     a.add_argument("which")
     a.add_argument("rest", nargs=argparse.REMAINDER)
     a.set_defaults(func=_analyze)
-    return p
 
 
 # sub-commands with their own argument parser: everything after the name goes to it verbatim

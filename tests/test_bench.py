@@ -70,6 +70,7 @@ def test_horizon_plan_options_and_matched_budget_checks():
         horizon.run_config(horizon.plan_from_args(parse(["--set", "es.population_size=4"])), "es", 5, 0)
 
 
+@pytest.mark.slow
 def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypatch):
     import esopt.train.loop as loop
     from esopt.rollout import RolloutSpec
@@ -124,6 +125,7 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
     assert cli_main(["bench", "horizon", "--preset", "smoke", "--out", str(tmp_path)]) == 2
 
 
+@pytest.mark.slow
 def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
     assert cli_main(["analyze", "variance", "--smoke", "--quiet", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "variance.json").read_text())
@@ -170,6 +172,7 @@ def test_gpu_benchmark_runs_on_cpu_at_a_tiny_shape(capsys):
         assert f"| {mode} |" in out
 
 
+@pytest.mark.slow
 def test_population_benchmark_compares_backends_side_by_side(capsys):
     from esopt.experiments import population
 

@@ -88,6 +88,7 @@ def test_transcript_shows_the_observation_not_the_chat_template():
     assert "board 1.34" in text and "im_start" not in text and "'set 1 3 24'" in text
 
 
+@pytest.mark.slow
 def test_schedule_ledger_versions_and_resume(tmp_path, monkeypatch):
     reflector = Scripted("- Pick a cell listed as empty\n- Answer with one move")
     monkeypatch.setattr(PromptEvolution, "_reflector", lambda self: reflector)

@@ -3,6 +3,7 @@ any existing file: the registries are the only seam a new backend needs."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from esopt.engines import ENGINES
@@ -57,6 +58,7 @@ def test_a_new_evaluator_plugs_in_by_a_registry_line_and_gives_the_local_ledger(
     assert len({x for r in local for x in r["rewards"]}) > 1
 
 
+@pytest.mark.slow
 def test_a_new_engine_plugs_in_by_a_registry_line(tmp_path, monkeypatch):
     monkeypatch.setitem(ENGINES, "counting", CountingEngine)
     train(load_config("smoke", SMOKE), tmp_path / "hf", progress=False)
@@ -69,8 +71,6 @@ def test_a_new_engine_plugs_in_by_a_registry_line(tmp_path, monkeypatch):
 
 
 def test_unknown_registry_names_fail_with_the_registered_ones(tmp_path):
-    import pytest
-
     from esopt.engines import engine_class
     from esopt.population import evaluator_class
 
@@ -81,8 +81,6 @@ def test_unknown_registry_names_fail_with_the_registered_ones(tmp_path):
 
 
 def test_a_broken_registered_module_raises_its_own_import_error(monkeypatch):
-    import pytest
-
     from esopt.population import evaluator_class
 
     monkeypatch.setitem(EVALUATORS, "broken", "esopt.population.no_such_module:Evaluator")

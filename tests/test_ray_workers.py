@@ -65,7 +65,10 @@ def test_two_ray_workers_give_the_single_process_weights_even_when_one_is_killed
     a, b = _weights(tmp_path / "local"), _weights(out)
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    assert read_history(out / "history.jsonl")[0]["rewards"] == read_history(tmp_path / "local" / "history.jsonl")[0]["rewards"]
+    assert (
+        read_history(out / "history.jsonl")[0]["rewards"]
+        == read_history(tmp_path / "local" / "history.jsonl")[0]["rewards"]
+    )
 
 
 @pytest.mark.slow

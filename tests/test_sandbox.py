@@ -558,5 +558,7 @@ def test_the_overhead_bench_prints_a_table(capsys):
 
     assert main(["--calls", "1", "--backends", "bwrap,process"]) == 0
     out = capsys.readouterr().out
-    assert "CPU:" in out and "| code | bare mean / median ms | bwrap mean / median ms | process mean / median ms |" in out
+    assert (
+        "CPU:" in out and "| code | bare mean / median ms | bwrap mean / median ms | process mean / median ms |" in out
+    )
     assert out.count("\n| `") == 2

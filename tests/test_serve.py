@@ -237,6 +237,20 @@ def test_logprobs(client):
         client.chat.completions.create(model="tiny", messages=user("x"), logprobs=True, top_logprobs=3)
 
 
+def test_streamed_logprobs_are_the_unstreamed_ones_token_for_token(client):
+    """Each streamed chunk carries the log-probs of its own tokens, not of the completion's first ones."""
+    kw = {"model": "tiny", "max_tokens": 8, "temperature": 0}
+    whole = client.chat.completions.create(messages=user("5 1"), logprobs=True, **kw).choices[0].logprobs.content
+    streamed = [t for ch in client.chat.completions.create(messages=user("5 1"), logprobs=True, stream=True, **kw)
+                if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in whole]
+    assert len({t.logprob for t in whole}) > 1  # distinct values, so a shifted stream would show
+    text = client.completions.create(prompt="5 1", logprobs=0, **kw).choices[0].logprobs
+    chunks = [ch.choices[0].logprobs for ch in client.completions.create(prompt="5 1", logprobs=0, stream=True, **kw)
+              if ch.choices and ch.choices[0].logprobs]
+    assert [x for lp in chunks for x in lp.token_logprobs] == text.token_logprobs
+
+
 def test_completions_endpoint(client, server):
     _, _, policy = server
     one = client.completions.create(model="tiny", prompt="9 8 7", max_tokens=7, temperature=0)
@@ -403,9 +417,15 @@ def test_load_prompt_program_from_a_run_dir(tmp_path):
 
 # --- fuzzing -------------------------------------------------------------------------------------------
 
-_junk = st.one_of(st.none(), st.booleans(), st.integers(-(10**20), 10**20),
-                  st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-                  st.lists(st.integers(-3, 3), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+_junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**20), 10**20),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
 _part = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]) | _junk},
                               optional={"text": st.text(max_size=20) | _junk})
 _message = st.fixed_dictionaries(

@@ -20,8 +20,12 @@ from esopt.envs.tools import Answer, Malformed, Tool, ToolCall, make_tool, parse
 from esopt.envs.tools.answers import anls, exact_match, math_equal
 from esopt.rollout import run_episodes
 
-SUM = Tool("add", "add two numbers", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}},
-                                      "required": ["a", "b"]}, lambda a, b: str(a + b))
+SUM = Tool(
+    "add",
+    "add two numbers",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+    lambda a, b: str(a + b),
+)
 ECHO = Tool("echo", "echo text", {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
             lambda text: text)
 TOOLS = {"add": SUM, "echo": ECHO}
@@ -97,16 +101,40 @@ def test_python_tool_runs_code_and_reports_errors():
 
 
 # -- answers
-@pytest.mark.parametrize("answer, gold, same", [
-    ("42", "42", True), ("42.0", "42", True), ("3/4", "0.75", True), (r"\frac{3}{4}", "0.75", True),
-    (r"\boxed{12}", "12", True), ("1,234", "1234", True), ("x = 5", "5", True), ("288 apples", "288", True),
-    ("-4", "−4", True), ("1e3", "1000", True), ("2*sqrt(2)", "sqrt(8)", True), ("6.32098837209", "6.320988372093023", True),
-    ("0.3333", "1/3", False), ("8 - 4", "4", False), ("4", "-4", False), ("", "0", False), ("9^9^9^9", "1", False),
-    ("__import__('os').system('true')", "0", False), ("abc", "12", False),
-    ("3pi", "3", False), ("2 thousand", "2", False), (r"-\frac{3}{4}", "-0.75", True), (r"x = -\frac{1}{2}", "-1/2", True),
-    (r"2\sqrt{2}", "2*sqrt(2)", True), ("2sqrt(2)", "2*sqrt(2)", True),
-    ("9^9^9", "1", False), ("2^(10^20)", "1", False), ("9^((99999999))", "1", False), ("1e99999999", "1", False),
-])
+@pytest.mark.parametrize(
+    "answer, gold, same",
+    [
+        ("42", "42", True),
+        ("42.0", "42", True),
+        ("3/4", "0.75", True),
+        (r"\frac{3}{4}", "0.75", True),
+        (r"\boxed{12}", "12", True),
+        ("1,234", "1234", True),
+        ("x = 5", "5", True),
+        ("288 apples", "288", True),
+        ("-4", "−4", True),
+        ("1e3", "1000", True),
+        ("2*sqrt(2)", "sqrt(8)", True),
+        ("6.32098837209", "6.320988372093023", True),
+        ("0.3333", "1/3", False),
+        ("8 - 4", "4", False),
+        ("4", "-4", False),
+        ("", "0", False),
+        ("9^9^9^9", "1", False),
+        ("__import__('os').system('true')", "0", False),
+        ("abc", "12", False),
+        ("3pi", "3", False),
+        ("2 thousand", "2", False),
+        (r"-\frac{3}{4}", "-0.75", True),
+        (r"x = -\frac{1}{2}", "-1/2", True),
+        (r"2\sqrt{2}", "2*sqrt(2)", True),
+        ("2sqrt(2)", "2*sqrt(2)", True),
+        ("9^9^9", "1", False),
+        ("2^(10^20)", "1", False),
+        ("9^((99999999))", "1", False),
+        ("1e99999999", "1", False),
+    ],
+)
 def test_math_answer_checking(answer, gold, same):
     assert math_equal(answer, gold) is same
 
@@ -276,6 +304,7 @@ def test_config_of_another_env_does_not_inherit_sudoku_kwargs():
 
 
 # -- ES on both envs, from the shipped smoke configs
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["math_smoke", "docqa_smoke"])
 def test_es_trains_on_the_tool_envs(config, tmp_path):
     import json

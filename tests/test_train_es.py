@@ -18,9 +18,22 @@ from esopt.train.es import train
 from esopt.train.models import load_model
 
 TINY = [
-    "steps=2", "model.name=tiny-sudoku", "model.warm_start_steps=60", "env.kwargs.size=4", "env.kwargs.h_star=3", "sampling.max_new_tokens=10",
-    "eval.tasks=4", "eval.every=1", "checkpoint_every=1", "es.population_size=4", "es.antithetic=true",
-    "es.tasks_per_member=6", "es.sigma=0.05", "es.sigma_min=0.005", "es.alpha=0.01", "es.reward=shaped",
+    "steps=2",
+    "model.name=tiny-sudoku",
+    "model.warm_start_steps=60",
+    "env.kwargs.size=4",
+    "env.kwargs.h_star=3",
+    "sampling.max_new_tokens=10",
+    "eval.tasks=4",
+    "eval.every=1",
+    "checkpoint_every=1",
+    "es.population_size=4",
+    "es.antithetic=true",
+    "es.tasks_per_member=6",
+    "es.sigma=0.05",
+    "es.sigma_min=0.005",
+    "es.alpha=0.01",
+    "es.reward=shaped",
     "measure_inference_peak=false",
 ]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -30,6 +43,7 @@ def weights(run_dir: Path, sub: str = "final") -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / sub / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_two_generation_run_writes_every_artefact_and_replays_bit_exact(tmp_path):
     out = tmp_path / "run"
     # device=auto (the paper configs' setting) resolves to the policy's device everywhere, memory included
@@ -84,6 +98,7 @@ def _cli_train(*args, **kw):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("algo: es\n")
@@ -148,6 +163,7 @@ def test_shipped_configs_validate():
         load_config(path)
 
 
+@pytest.mark.slow
 def test_quick_demo_prints_the_before_after_table(tmp_path, capsys):
     from esopt.demo import run_demo
 
@@ -223,6 +239,7 @@ def test_ctrl_c_checkpoints_and_says_there_was_no_final_eval(tmp_path, monkeypat
     assert not (out / "final").exists()
 
 
+@pytest.mark.slow
 def test_logs_without_a_terminal_hold_plain_lines(tmp_path):
     """Progress on, stderr a pipe (`| tee`): no carriage-return bars, no library shard bars."""
     res = subprocess.run([sys.executable, "-m", "esopt.cli", "train", "smoke", "--out", str(tmp_path / "run"),

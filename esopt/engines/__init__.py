@@ -4,21 +4,14 @@ hidden). An engine class is built by `cls(model, tokenizer)` or `cls.from_pretra
 
 from __future__ import annotations
 
-import importlib
-
 from esopt.engines.base import Completion, Engine, MemberRouter, SamplingParams
+from esopt.utils.registry import lookup
 
 ENGINES: dict[str, type | str] = {"hf": "esopt.engines.hf:HFEngine"}
 
 
 def engine_class(name: str) -> type:
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; registered: {sorted(ENGINES)}")
-    target = ENGINES[name]
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(module), attr)
-    return target
+    return lookup(ENGINES, name, "engine")
 
 
 __all__ = ["ENGINES", "Completion", "Engine", "MemberRouter", "SamplingParams", "engine_class"]

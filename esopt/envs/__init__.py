@@ -43,4 +43,14 @@ def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
         raise ValueError(f"env {env_id}: {what} (env kwargs given: {sorted(kwargs)})") from None
 
 
-__all__ = ["DOCQA_ID", "ENV_IDS", "MATH_ID", "SUDOKU_ID", "AgentEnv", "EnvContractError", "SudokuEnv", "check_env", "make_env"]
+__all__ = [
+    "DOCQA_ID",
+    "ENV_IDS",
+    "MATH_ID",
+    "SUDOKU_ID",
+    "AgentEnv",
+    "EnvContractError",
+    "SudokuEnv",
+    "check_env",
+    "make_env",
+]

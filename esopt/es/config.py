@@ -28,14 +28,18 @@ class ESConfig(BaseModel):
     total_generations: int = Field(100, ge=1, description="schedule length")
     shaping: Literal["zscore", "centered_rank", "identity"] = "zscore"
     weight_decay: float = Field(0.0, ge=0, description="decoupled: theta *= 1 - alpha * weight_decay")
-    scope: Literal["full", "linear", "regex"] = Field("full", description="linear: linear-layer weights; regex: scope_pattern")
+    scope: Literal["full", "linear", "regex"] = Field(
+        "full", description="linear: linear-layer weights; regex: scope_pattern"
+    )
     scope_pattern: str | None = None
     noise: str = Field("normal", description="noise kind: 'normal' (dense Gaussian), 'lowrank' (A B^T per matrix, "
                        "EGGROLL) or any registered Perturbation")
     noise_rank: int = Field(1, ge=1, description="lowrank: rank r of each member's A B^T")
     noise_others: Literal["frozen", "full"] = Field(
-        "frozen", description="lowrank: non-matrix parameters (norms, biases) frozen or dense Gaussian")
-    restore: Literal["exact", "subtract"] = Field("exact", description="exact: fp32 master copy; subtract: no copy, drifts")
+        "frozen", description="lowrank: non-matrix parameters (norms, biases) frozen or dense Gaussian"
+    )
+    restore: Literal["exact", "subtract"] = Field(
+        "exact", description="exact: fp32 master copy; subtract: no copy, drifts")
     master_device: str = "cpu"
     chunk_numel: int = Field(DEFAULT_CHUNK_NUMEL, ge=1, description="noise chunk size, part of the noise spec")
     seed: int = 0

@@ -6,7 +6,7 @@ imported on first use, and `perturbation.register_perturbation` adds (or replace
 
 from __future__ import annotations
 
-import importlib
+from esopt.utils.registry import lookup
 
 DEFAULT_CHUNK_NUMEL = 1 << 20  # 4 MiB of fp32 per noise chunk
 
@@ -21,10 +21,4 @@ def noise_kinds() -> list[str]:
 
 
 def perturbation_class(dist: str) -> type:
-    if dist not in PERTURBATIONS:
-        raise ValueError(f"unknown noise kind {dist!r}; registered: {noise_kinds()}")
-    target = PERTURBATIONS[dist]
-    if isinstance(target, str):
-        module, _, name = target.partition(":")
-        target = PERTURBATIONS[dist] = getattr(importlib.import_module(module), name)
-    return target
+    return lookup(PERTURBATIONS, dist, "noise kind")

@@ -166,10 +166,11 @@ def measure(runs: list[Path], split: str, episodes: int, temperatures: list[floa
                 sampled_run.env.system_prompt = run_config.env.system_prompt
                 sampled[name] = _evaluate_cached(cache, f"{name}-{split}-T{best_of_temperature:g}-x{samples}", policy,
                                                  sampled_run, make, progress)
-    return {"runs": [str(r) for r in runs], "split": split, "episodes": episodes, "config": test.model_dump(mode="json"),
-            "best_temperature": best_t, "validation": {str(k): v for k, v in val_scores.items()},
-            "validation_episodes": validation_episodes, "evals": evals, "norms": norms,
-            "samples": samples, "sample_temperature": best_of_temperature, "sampled": sampled}
+    return {"runs": [str(r) for r in runs], "split": split, "episodes": episodes,
+            "config": test.model_dump(mode="json"), "best_temperature": best_t,
+            "validation": {str(k): v for k, v in val_scores.items()}, "validation_episodes": validation_episodes,
+            "evals": evals, "norms": norms, "samples": samples, "sample_temperature": best_of_temperature,
+            "sampled": sampled}
 
 
 def sampled_rows(result: dict) -> list[dict]:
@@ -246,7 +247,8 @@ def report(result: dict) -> str:
                   f"every model. Mean@{k}: success over all samples; Pass@{k}: a task counts if any sample succeeds "
                   "(the env's verifier as best-of-k). Changes against the base: paired bootstrap 95% interval over "
                   "tasks.", "",
-                  f"| model | Mean@{k} | change [95% CI] | Pass@{k} | change [95% CI] | shaped Mean@{k} | change [95% CI] |",
+                  f"| model | Mean@{k} | change [95% CI] | Pass@{k} | change [95% CI] | shaped Mean@{k} "
+                  "| change [95% CI] |",
                   "|---|---|---|---|---|---|---|"]
         for r in sampled_rows(result):
             lines.append(f"| {r['name']} | {r['mean_at_k']:.3f} | {fmt_change(r['d_mean'])} | {r['pass_at_k']:.3f} | "
@@ -293,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                      args.validation_episodes, not args.no_controls, out, progress=not args.quiet,
                      es_runs=not args.controls_only, best_of_n=args.best_of,
                      best_of_temperature=args.best_of_temperature, samples=args.samples)
-    write_report(args.out, "gain", report(result), {**result, "rows": rows(result), "sampled_rows": sampled_rows(result)})
+    data = {**result, "rows": rows(result), "sampled_rows": sampled_rows(result)}
+    write_report(args.out, "gain", report(result), data)
     return 0
 
 

@@ -113,10 +113,13 @@ def measure(shape: str, members: int, batch: int, prompt_tokens: int, new_tokens
 
 
 def report(results: list[dict], args) -> str:
-    lines = [f"{args.members} members x {args.batch} rows, {args.prompt_tokens} prompt + {args.new_tokens} new tokens, "
-             f"{args.dtype}, {args.device}, rank {args.rank}", "",
-             "| shape | params | mode | seconds per generation | x inference | perturb / restore / update per member (s) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"{args.members} members x {args.batch} rows, {args.prompt_tokens} prompt + {args.new_tokens} new tokens, "
+        f"{args.dtype}, {args.device}, rank {args.rank}",
+        "",
+        "| shape | params | mode | seconds per generation | x inference | perturb / restore / update per member (s) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         base = r["rows"][0]["seconds"]
         for row in r["rows"]:

@@ -158,7 +158,9 @@ def _train_in_process(run: Path, resume: bool, progress: bool) -> int:
 
 
 def _train_in_child(run: Path, resume: bool, threads: int) -> int:
-    cmd = [sys.executable, "-m", "esopt.experiments.horizon", "--child", str(run)] + (["--child-resume"] if resume else [])
+    cmd = [sys.executable, "-m", "esopt.experiments.horizon", "--child", str(run)] + (
+        ["--child-resume"] if resume else []
+    )
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(cmd, env=env)
     try:
@@ -307,10 +309,20 @@ def report(plan: Plan, results: list[RunResult]) -> str:
             lines.append(f"| {h} | {_mean(base):.3f} | " + " | ".join(cells) + " |")
 
     peak = {m: _mean([r.summary["peak_memory_bytes"] for h in plan.h_stars for r in by[(m, h)]]) for m in methods}
-    infer = {m: _mean([r.summary["inference_peak_bytes"] for h in plan.h_stars for r in by[(m, h)]
-                       if r.summary.get("inference_peak_bytes")]) for m in methods}
+    infer = {
+        m: _mean(
+            [
+                r.summary["inference_peak_bytes"]
+                for h in plan.h_stars
+                for r in by[(m, h)]
+                if r.summary.get("inference_peak_bytes")
+            ]
+        )
+        for m in methods
+    }
     lines += ["", "## Peak memory (mean over runs; CPU: the run process's VmHWM)", "",
-              "| method | peak | inference-only peak | method / inference-only | method / ES |", "|---|---|---|---|---|"]
+              "| method | peak | inference-only peak | method / inference-only | method / ES |",
+              "|---|---|---|---|---|"]
     for m in methods:
         lines.append(f"| {LABELS[m]} | {_mib(peak[m])} | {_mib(infer[m])} | {_ratio(peak[m], infer[m])} | "
                      f"{_ratio(peak[m], peak.get('es', math.nan))} |")

@@ -66,7 +66,11 @@ def _measure_mode(mode: str, config, policy, members: int, tasks: int, repeats: 
     from esopt.utils.timers import Timers
 
     make, timers = env_factory(config), Timers()
-    es, spec, task_seeds = ES(policy.model, config.es_config), rollout_spec(config, make), list(range(1000, 1000 + tasks))
+    es, spec, task_seeds = (
+        ES(policy.model, config.es_config),
+        rollout_spec(config, make),
+        list(range(1000, 1000 + tasks)),
+    )
     with tempfile.TemporaryDirectory(prefix="esopt-bench-") as tmp:
         evaluator = population_evaluator(config, es, policy, make, timers, run_dir=tmp, log=lambda m: None)
         try:

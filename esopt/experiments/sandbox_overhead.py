@@ -19,29 +19,12 @@ import sys
 import time
 
 from esopt.sandbox import BACKENDS, run_python
+from esopt.utils.report import cpu_model
 
 SNIPPETS = {
     "print(1)": "print(1)",
     "numeric (sum of 200k square roots)": "import math\nprint(sum(math.sqrt(i) for i in range(200_000)))",
 }
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def bare(code: str) -> None:

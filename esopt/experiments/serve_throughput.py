@@ -18,21 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
-import subprocess
 import time
 
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return platform.processor() or platform.machine()
+from esopt.utils.report import cpu_model
 
 
 def prompts_for(count: int) -> list[str]:
@@ -122,11 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
-    print(f"\n`esopt serve` throughput | model {args.model} ({dtype}, {model_dtype(args.model, args.dtype)} asked) | "
-          f"device {args.device} | CPU {cpu_model()} ({os.cpu_count()} logical cores, torch threads "
-          f"{torch.get_num_threads()}) | {args.requests} requests per level, max_tokens {args.max_tokens}, "
-          f"greedy, {'JSON' if args.no_stream else 'streamed'} | max_batch {args.max_batch}, wait {args.wait_ms:g} ms\n")
-    print("| clients | requests | seconds | requests/s | completion tokens/s | p50 latency s | p95 latency s | rows/call |")
+    print(
+        f"\n`esopt serve` throughput | model {args.model} ({dtype}, {model_dtype(args.model, args.dtype)} asked) | "
+        f"device {args.device} | CPU {cpu_model()} ({os.cpu_count()} logical cores, torch threads "
+        f"{torch.get_num_threads()}) | {args.requests} requests per level, max_tokens {args.max_tokens}, "
+        f"greedy, {'JSON' if args.no_stream else 'streamed'} | max_batch {args.max_batch}, wait {args.wait_ms:g} ms\n"
+    )
+    print("| clients | requests | seconds | requests/s | completion tokens/s | p50 latency s | p95 latency s "
+          "| rows/call |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['clients']} | {r['requests']} | {r['seconds']:.2f} | {r['requests'] / r['seconds']:.2f} | "

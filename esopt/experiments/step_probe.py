@@ -131,7 +131,9 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     base = evaluate(policy, config, rollout_spec(config, make), make)
     tasks_eval = config.eval.tasks
     rows = []
-    plan = [(v, a, None) for a in setup.alphas for v in steps] + [("es", a, g) for g in setup.groups for a in setup.alphas]
+    plan = [(v, a, None) for a in setup.alphas for v in steps] + [
+        ("es", a, g) for g in setup.groups for a in setup.alphas
+    ]
     for variant, alpha, group in plan:
         norm = place(steps[variant], alpha, group)
         ev = evaluate(policy, config, rollout_spec(config, make), make)
@@ -141,10 +143,14 @@ def measure(setup: Setup, progress: bool = True) -> dict:
                      "success": ev["success_rate"], "shaped": ev["shaped_reward"],
                      "d_success": [ds.mean, ds.low, ds.high], "d_shaped": [dh.mean, dh.low, dh.high]})
         if progress:
-            print(f"{variant:>8} {group or 'all':>12} alpha {alpha:g}: success {ev['success_rate']:.3f} "
-                  f"({ds.mean:+.3f} [{ds.low:+.3f}, {ds.high:+.3f}]) | {time.perf_counter() - t0:.0f}s", flush=True)
+            print(
+                f"{variant:>8} {group or 'all':>12} alpha {alpha:g}: success {ev['success_rate']:.3f} "
+                f"({ds.mean:+.3f} [{ds.low:+.3f}, {ds.high:+.3f}]) | {time.perf_counter() - t0:.0f}s",
+                flush=True,
+            )
     place(None, 0.0, None)
-    return {"setup": {**asdict(setup), "sigma": es.config.sigma}, "config": config.model_dump(mode="json"), "members": len(members),
+    return {"setup": {**asdict(setup), "sigma": es.config.sigma}, "config": config.model_dump(mode="json"),
+            "members": len(members),
             "rewards": rewards, "base": {"success": base["success_rate"], "shaped": base["shaped_reward"]},
             "eval_episodes": len(base["episode_success"]), "rows": rows, "seconds": time.perf_counter() - t0}
 
@@ -156,7 +162,8 @@ def report(result: dict) -> str:
         "# One ES step, judged on held-out episodes", "",
         f"Config `{Path(s['config']).name}` {' '.join(s['overrides'])}; model {c['model']['name']}, "
         f"{c['env']['kwargs']}, T={c['sampling']['temperature']}. ES estimate: {s['pairs']} antithetic pairs "
-        f"(G={result['members']}) x {s['tasks']} training tasks {'per pair' if s['pair_tasks'] else 'shared by all'}, sigma {s['sigma']:g}, "
+        f"(G={result['members']}) x {s['tasks']} training tasks {'per pair' if s['pair_tasks'] else 'shared by all'}, "
+        f"sigma {s['sigma']:g}, "
         f"{c['es']['shaping']} shaping of the `{c['es']['reward']}` reward (member rewards {r.mean():.3f} ± "
         f"{r.std():.3f}). Held-out: {result['eval_episodes']} episodes, base success {b['success']:.3f}, "
         f"shaped {b['shaped']:.3f}. Changes are paired bootstrap 95% intervals over the held-out tasks. "

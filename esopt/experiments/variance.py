@@ -148,7 +148,7 @@ def fit_line(x: list[float], y: list[float]) -> dict[str, float]:
     slope, intercept = np.polyfit(xs, ys, 1)
     resid = ys - (slope * xs + intercept)
     ss = float(((ys - ys.mean()) ** 2).sum())
-    return {"slope": float(slope), "intercept": float(intercept), "r2": 1 - float((resid ** 2).sum()) / ss if ss else 1.0}
+    return {"slope": float(slope), "intercept": float(intercept), "r2": 1 - float((resid**2).sum()) / ss if ss else 1.0}
 
 
 def fits(h_stars: list[int], var: list[float]) -> dict[str, dict[str, float]]:
@@ -326,8 +326,10 @@ def report(result: dict) -> str:
               "|---|---|---|---|---|---|"]
     for m, per in result["fits"].items():
         for q, f in per.items():
-            lines.append(f"| {m.upper()} | {q} | {_g(f['log_var_vs_h']['slope'])} | {_g(f['log_var_vs_log_h']['slope'])}"
-                         f" | {_g(f['log_var_vs_log_h']['r2'])} | {_g(f['var_vs_h']['slope'])} |")
+            lines.append(
+                f"| {m.upper()} | {q} | {_g(f['log_var_vs_h']['slope'])} | {_g(f['log_var_vs_log_h']['slope'])}"
+                f" | {_g(f['log_var_vs_log_h']['r2'])} | {_g(f['var_vs_h']['slope'])} |"
+            )
     lines += ["", "The paper says the policy-gradient variance grows about linearly in H (exponent ~1); the "
               "table reports what this model and budget give.", "", "![variance vs H*](variance.png)", ""]
     return "\n".join(lines)
@@ -384,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--directions", "-K", type=int, help=f"random projection directions (default {d.directions})")
     p.add_argument("--sigma", type=float, help=f"ES noise scale (default {d.sigma})")
     p.add_argument("--antithetic", action="store_true", help="ES members in mirrored pairs")
-    p.add_argument("--pg-group", type=int, help="PG baseline over groups of G rollouts of one task (default 1: batch mean)")
+    p.add_argument("--pg-group", type=int,
+                   help="PG baseline over groups of G rollouts of one task (default 1: batch mean)")
     p.add_argument("--size", type=int, choices=[4, 6], help="board size (default 4)")
     p.add_argument("--warm-start-steps", type=int, help=f"tiny-sudoku warm start steps (default {d.warm_start_steps})")
     p.add_argument("--seed", type=int, help="seed of tasks, sampling, ES noise and directions (default 0)")

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 from esopt.population.base import (
     Evaluator,
     MemberResult,
@@ -13,6 +11,7 @@ from esopt.population.base import (
     member_score,
     run_member,
 )
+from esopt.utils.registry import lookup
 
 EVALUATORS: dict[str, type | str] = {
     "local": "esopt.population.local:LocalEvaluator",
@@ -22,13 +21,7 @@ EVALUATORS: dict[str, type | str] = {
 
 
 def evaluator_class(kind: str) -> type:
-    if kind not in EVALUATORS:
-        raise ValueError(f"unknown population evaluator {kind!r}; registered: {sorted(EVALUATORS)}")
-    target = EVALUATORS[kind]
-    if isinstance(target, str):
-        module, _, name = target.partition(":")
-        target = getattr(importlib.import_module(module), name)
-    return target
+    return lookup(EVALUATORS, kind, "population evaluator")
 
 
 def build_evaluator(kind: str, context: PopulationContext) -> Evaluator:

@@ -140,7 +140,11 @@ class RayEvaluator:
         while todo or running:
             while todo and idle:
                 actor, member = idle.pop(), todo.pop(0)
-                running[actor.evaluate.remote(member, sigma, task_seeds, rollout_seed, spec)] = (actor, member, time.time())
+                running[actor.evaluate.remote(member, sigma, task_seeds, rollout_seed, spec)] = (
+                    actor,
+                    member,
+                    time.time(),
+                )
             done, _ = self.ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
                 actor, member, _ = running.pop(ref)

@@ -45,7 +45,6 @@ import os
 import platform
 import secrets
 import shutil
-import signal
 import site
 import struct
 import subprocess
@@ -54,7 +53,7 @@ import tempfile
 import threading
 import time
 
-from esopt.sandbox.result import SandboxResult, SandboxUnavailable, read_limited
+from esopt.sandbox.result import SandboxResult, SandboxUnavailable, read_limited, wait_then_kill_group
 
 NOBODY = 65534
 UID_BASE, UID_SPAN = 1_800_000_000, 1 << 24  # root parents: each call's uid, unused by real accounts
@@ -183,17 +182,7 @@ def _run(code: str, *, timeout: float, cpu_seconds: int, memory_mb: int, max_out
             for fd in fds:  # bwrap has its copy
                 os.close(fd)
             fds.clear()
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                try:  # bwrap's group; its death takes the sandbox's pid namespace down with it
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
+            timed_out = wait_then_kill_group(proc, timeout)  # bwrap's death takes the pid namespace down
         stdout, stderr = (read_limited(os.path.join(host, name), max_output_bytes) for name in ("stdout", "stderr"))
         full = os.path.getsize(os.path.join(host, "stdout")) >= max_output_bytes
         returncode = proc.returncode

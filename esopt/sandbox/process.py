@@ -28,13 +28,12 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from esopt.sandbox.result import SandboxResult, read_limited
+from esopt.sandbox.result import SandboxResult, read_limited, wait_then_kill_group
 
 NOBODY = 65534
 
@@ -143,17 +142,7 @@ def run_python(code: str, *, timeout: float = 5.0, cpu_seconds: int = 5, memory_
         with open(os.path.join(tmp, ".stdout"), "wb") as out, open(os.path.join(tmp, ".stderr"), "wb") as err:
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=tmp,
                                     start_new_session=True, close_fds=True)
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the whole group: stragglers included
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
+            timed_out = wait_then_kill_group(proc, timeout)
         stdout, stderr = (read_limited(os.path.join(tmp, name), max_output_bytes) for name in (".stdout", ".stderr"))
         layers_path = os.path.join(tmp, ".layers")
         layers = read_limited(layers_path, 200).split(",") if os.path.exists(layers_path) else []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 from dataclasses import dataclass, field
 
 
@@ -58,3 +60,20 @@ def read_limited(path: str, limit: int) -> str:
             return f.read(limit).decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def wait_then_kill_group(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait up to `timeout` s, then kill the child's whole process group (stragglers included) either way and
+    reap the child; True if the wall clock ran out."""
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    return timed_out

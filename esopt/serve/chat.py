@@ -61,11 +61,12 @@ class ChatReply(StreamedReply):
                          prompt_tokens)
         self.batcher, self.n, self.logprobs = served.batcher, req.n, req.logprobs
 
-    def token_logprobs(self, c: Completion, ids: list[int]) -> dict | None:
+    def token_logprobs(self, c: Completion, ids: list[int], start: int = 0) -> dict | None:
+        """Log-probs of `ids`, the completion's tokens from position `start` on."""
         if not self.logprobs:
             return None
         content = []
-        for tid, lp in zip(ids, c.logprobs or []):
+        for tid, lp in zip(ids, (c.logprobs or [])[start:]):
             tok = self.batcher.decode([tid])
             content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8", "replace")),
                             "top_logprobs": []})
@@ -87,9 +88,7 @@ class ChatReply(StreamedReply):
         ids = self.batcher.visible(c.token_ids)
         at = 0
         for piece, count in text_pieces(ids, c.text, self.batcher.decode):
-            # NOTE: token_logprobs pairs ids[at:] with c.logprobs from index 0, so a later piece carries the
-            # first tokens' logprobs (a quirk of the pre-split code, kept: this split changes no behaviour)
-            lp = self.token_logprobs(c, ids[at: at + count])
+            lp = self.token_logprobs(c, ids[at: at + count], at)
             at += count
             if piece or (lp and lp["content"]):
                 yield self.chunk([{"index": index, "delta": {"content": piece}, "logprobs": lp,

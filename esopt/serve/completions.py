@@ -48,7 +48,8 @@ class CompletionReply(StreamedReply):
         """What choice `index` starts with: its prompt when `echo` is on."""
         return self.prompts[index // self.n] if self.echo else ""
 
-    def token_logprobs(self, c: Completion, ids: list[int], offset: int) -> dict | None:
+    def token_logprobs(self, c: Completion, ids: list[int], offset: int, start: int = 0) -> dict | None:
+        """Log-probs of `ids`, the completion's tokens from position `start` on; text offsets from `offset`."""
         if not self.logprobs:
             return None
         tokens = [self.batcher.decode([t]) for t in ids]
@@ -56,7 +57,7 @@ class CompletionReply(StreamedReply):
         for t in tokens:
             offsets.append(at)
             at += len(t)
-        return {"tokens": tokens, "token_logprobs": list((c.logprobs or [])[: len(ids)]),
+        return {"tokens": tokens, "token_logprobs": list((c.logprobs or [])[start: start + len(ids)]),
                 "top_logprobs": None, "text_offset": offsets}
 
     def body(self, choices: list[Choice]) -> dict:
@@ -77,8 +78,7 @@ class CompletionReply(StreamedReply):
         ids = self.batcher.visible(c.token_ids)
         at, offset = 0, len(head)
         for piece, count in text_pieces(ids, c.text, self.batcher.decode):
-            # NOTE: token_logprobs takes c.logprobs from index 0, not from `at` (as the chat stream; kept)
-            lp = self.token_logprobs(c, ids[at: at + count], offset)
+            lp = self.token_logprobs(c, ids[at: at + count], offset, at)
             at += count
             offset += len(piece)
             if piece or (lp and lp["tokens"]):

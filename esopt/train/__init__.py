@@ -4,8 +4,9 @@ import error is raised, never hidden) and one config class in `config.CONFIG_CLA
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
+
+from esopt.utils.registry import lookup
 
 TRAINERS: dict[str, str] = {"es": "esopt.train.es:train", "grpo": "esopt.train.pg.grpo:train",
                             "ppo": "esopt.train.pg.ppo:train"}
@@ -13,7 +14,4 @@ TRAINERS: dict[str, str] = {"es": "esopt.train.es:train", "grpo": "esopt.train.p
 
 def trainer(algo: str) -> Callable[..., dict]:
     """train(config, out, resume=False, progress=True) -> summary, of the algorithm `algo`."""
-    if algo not in TRAINERS:
-        raise ValueError(f"unknown algorithm {algo!r}; registered: {sorted(TRAINERS)}")
-    module, _, name = TRAINERS[algo].partition(":")
-    return getattr(importlib.import_module(module), name)
+    return lookup(TRAINERS, algo, "algorithm")

@@ -35,8 +35,11 @@ class ModelSection(Section):
 
         return model_dtype(self.name, self.dtype)
 
-    name: str = Field("tiny", description="'tiny', 'tiny-sudoku' (warm-started, cached), 'smollm2', a local HF dir or .gguf")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: bfloat16 for smollm2, else float32")
+    name: str = Field(
+        "tiny", description="'tiny', 'tiny-sudoku' (warm-started, cached), 'smollm2', a local HF dir or .gguf"
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto: bfloat16 for smollm2, else float32")
     device: str = Field("cpu", description="cpu, auto (cuda if available), cuda, cuda:N, mps or xpu")
     engine: str = Field("hf", description="inference engine by registered name (esopt.engines.ENGINES)")
     seed: int = Field(0, description="init seed of a fresh tiny model (and of the warm start)")
@@ -55,7 +58,8 @@ class EnvSection(Section):
     kwargs: dict[str, Any] = Field(default_factory=lambda: {"size": 4, "h_star": 10})
     conversation: Literal["markov", "history"] = "markov"
     system_prompt: str | None = Field(None, description="None: the env's own instructions")
-    few_shot: int = Field(0, ge=0, description="worked (observation, action) exchanges from the env shown as chat turns")
+    few_shot: int = Field(
+        0, ge=0, description="worked (observation, action) exchanges from the env shown as chat turns")
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="history mode: context budget; the oldest exchanges are dropped to fit it")
     max_episode_tokens: int | None = Field(
@@ -114,7 +118,8 @@ class ESSection(ESConfig):
     tasks_per_member: int = Field(32, ge=1, description="E: every member runs the same E tasks")
     reward: ScoreKind = Field("env", description="member score: env reward, success, or info['shaped_reward']")
     task_set: Literal["fresh", "fixed"] = Field(
-        "fresh", description="fresh: new training tasks every generation; fixed: a pool drawn once and reused (the paper)")
+        "fresh",
+        description="fresh: new training tasks every generation; fixed: a pool drawn once and reused (the paper)")
     task_pool: int | None = Field(None, ge=1, description="fixed: pool size (default tasks_per_member: every "
                                   "generation runs the whole pool; larger: E tasks sampled from it per generation)")
     fitness: Literal["mean", "task_zscore"] = Field(
@@ -232,7 +237,8 @@ class PGSection(Section):
     minibatch_size: int = Field(256, ge=1, description="(prompt, response) samples per optimizer step")
     micro_batch_size: int = Field(16, ge=1, description="samples per forward/backward (gradient accumulation)")
     loss_agg: Literal["token_mean", "seq_mean"] = Field(
-        "token_mean", description="policy loss: mean over the minibatch's generated tokens, or mean of per-sample means")
+        "token_mean",
+        description="policy loss: mean over the minibatch's generated tokens, or mean of per-sample means")
 
     @model_validator(mode="after")
     def _check_pg(self) -> PGSection:
@@ -315,7 +321,8 @@ def _one_line(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"]) or "<root>"
     msg = err["msg"].removeprefix("Value error, ")
-    got = f" (got {err['input']!r})" if err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err.get("input"), dict) else ""
+    shown = err.get("type") not in ("missing", "extra_forbidden") and not isinstance(err.get("input"), dict)
+    got = f" (got {err['input']!r})" if shown else ""
     more = f" [+{len(e.errors()) - 1} more]" if len(e.errors()) > 1 else ""
     return f"config error: {loc}: {msg}{got}{more}"
 

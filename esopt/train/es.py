@@ -65,9 +65,17 @@ def replica_setup(config_data: dict) -> ReplicaParts:
                         config.es.reward)
 
 
-def population_evaluator(config: ESTrainConfig, es: ES, policy: Engine, make_env: Callable, timers: Timers | None = None,
-                         progress: bool = False, run_dir: Path | None = None, records: Sequence[dict] = (),
-                         log: Callable[[str], None] | None = None) -> Evaluator:
+def population_evaluator(
+    config: ESTrainConfig,
+    es: ES,
+    policy: Engine,
+    make_env: Callable,
+    timers: Timers | None = None,
+    progress: bool = False,
+    run_dir: Path | None = None,
+    records: Sequence[dict] = (),
+    log: Callable[[str], None] | None = None,
+) -> Evaluator:
     """The run's population evaluator (`config.population_evaluator`, from the registry) over `policy`."""
     context = PopulationContext(
         es, policy, make_env, config.es.reward, timers or Timers(), progress, log=log or (lambda m: say(m, progress)),

@@ -179,7 +179,8 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
     rd.plot()
     rd.close()
     ratio = f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"] else "n/a"
-    tail = f"{seconds:.0f}s | peak {fmt_bytes(peak)} ({config.algo} / inference-only = {ratio}) | {algorithm.time_note(timers)}"
+    tail = (f"{seconds:.0f}s | peak {fmt_bytes(peak)} ({config.algo} / inference-only = {ratio}) | "
+            f"{algorithm.time_note(timers)}")
     if interrupted:
         last_step = max(evals) if evals else start
         say(f"interrupted at {algorithm.unit} {done}/{config.steps}: no final eval; last eval (@ {last_step}) success "

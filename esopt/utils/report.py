@@ -1,6 +1,8 @@
 """What every analysis and benchmark report shares: common options, the .md/.json pair, change formatting."""
 
 import argparse
+import platform
+import subprocess
 
 
 def add_analysis_options(p: argparse.ArgumentParser, writes: str) -> None:
@@ -27,3 +29,22 @@ def write_report(out: str, name: str, text: str, data: dict) -> None:
 def fmt_change(change) -> str:
     """A (mean, low, high) change as '+0.012 [-0.003, +0.027]'."""
     return f"{change[0]:+.3f} [{change[1]:+.3f}, {change[2]:+.3f}]"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (`lscpu`, else /proc/cpuinfo), to print next to any timing."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"

@@ -16,7 +16,12 @@ class PairedDifference(NamedTuple):
 
 
 def paired_difference(
-    before: Sequence[float], after: Sequence[float], tasks: int, level: float = 0.95, resamples: int = 4000, seed: int = 0
+    before: Sequence[float],
+    after: Sequence[float],
+    tasks: int,
+    level: float = 0.95,
+    resamples: int = 4000,
+    seed: int = 0,
 ) -> PairedDifference:
     """Mean change of a per-episode score, with a bootstrap interval that resamples tasks.
 
