@@ -70,6 +70,20 @@ def test_horizon_plan_options_and_matched_budget_checks():
         horizon.run_config(horizon.plan_from_args(parse(["--set", "es.population_size=4"])), "es", 5, 0)
 
 
+def test_horizon_plan_on_the_pretrained_model_with_hints():
+    """`--model smollm2` with a hint level: every method's config names SmolLM2 (no warm start), carries the
+    env settings to all three methods and keeps the matched episode budget."""
+    args = horizon.build_parser().parse_args(["--preset", "smoke", "--model", "smollm2", "--set",
+                                              "env.kwargs.hints=candidates", "env.few_shot=2", "grpo.lr=3e-6"])
+    plan = horizon.plan_from_args(args)
+    configs = {m: horizon.run_config(plan, m, 2, 0) for m in horizon.METHODS}
+    for config in configs.values():
+        assert config.model.name == "smollm2" and config.model.resolved_dtype == "bfloat16"
+        assert config.env.kwargs["hints"] == "candidates" and config.env.few_shot == 2
+        assert config.episodes_per_step == plan.episodes_per_step
+    assert configs["grpo"].grpo.lr == 3e-6 and configs["ppo"].ppo.lr != 3e-6  # method keys stay with their method
+
+
 @pytest.mark.slow
 def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypatch):
     import esopt.train.loop as loop
@@ -91,13 +105,15 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
 
     monkeypatch.setattr(RolloutSpec, "run", counted)
     monkeypatch.setattr(loop, "evaluate", evaluate)
-    orig_train = horizon._train_in_process
+    import esopt.experiments.sweep as sweep
+
+    orig_train = sweep.train_in_process
 
     def train_one(run, resume, progress):
         current["run"] = run.name
         return orig_train(run, resume, progress)
 
-    monkeypatch.setattr(horizon, "_train_in_process", train_one)
+    monkeypatch.setattr(sweep, "train_in_process", train_one)
 
     assert horizon.main(["--preset", "smoke", "--out", str(tmp_path)]) == 0
     plan = horizon.Plan(**horizon.PRESETS["smoke"])

@@ -594,3 +594,71 @@ def test_env_uses_no_global_rng():
     assert random.getstate() == py_state
     now = np.random.get_state()
     assert now[0] == np_state[0] and np.array_equal(now[1], np_state[1]) and now[2:] == np_state[2:]
+
+
+# --- hint levels -------------------------------------------------------------------------------------------
+
+def _brute_candidates(board, r, c):
+    """Digits that appear nowhere else in the cell's row, column and box (a second, direct implementation)."""
+    from esopt.envs.sudoku import BOX_SHAPES
+
+    n = len(board)
+    br, bc = BOX_SHAPES[n]
+    others = [(rr, cc) for rr in range(n) for cc in range(n) if (rr, cc) != (r, c) and
+              (rr == r or cc == c or (rr // br == r // br and cc // bc == c // bc))]
+    return [d for d in range(1, n + 1) if all(board[rr][cc] != d for rr, cc in others)]
+
+
+@pytest.mark.parametrize("size", [4, 6, 9])
+def test_hint_levels_show_nothing_the_empty_cells_or_their_candidates(size):
+    from esopt.envs import make_env
+
+    h = {4: 5, 6: 12, 9: 40}[size]
+    plain, empty, cand = (make_env("esopt/Sudoku-v0", size=size, h_star=h, hints=k)
+                          for k in ("none", "empty", "candidates"))
+    o_plain, o_empty, o_cand = (e.reset(seed=3)[0] for e in (plain, empty, cand))
+    assert "empty:" not in o_plain
+    board = cand.unwrapped.board
+    holes = [(r, c) for r in range(size) for c in range(size) if not board[r][c]]
+    assert o_empty.splitlines()[-2] == "empty: " + ", ".join(f"{r + 1} {c + 1}" for r, c in holes)
+    entries = o_cand.splitlines()[-2].removeprefix("empty: ").split(", ")
+    solution = cand.unwrapped.task.solution
+    for (r, c), entry in zip(holes, entries, strict=True):
+        cell, digits = entry.split(" [")
+        assert cell == f"{r + 1} {c + 1}"
+        listed = [int(d) for d in digits.rstrip("]").split()]
+        assert listed == _brute_candidates(board, r, c) and solution[r][c] in listed
+    for env, obs in ((plain, o_plain), (empty, o_empty), (cand, o_cand)):
+        assert env.observation_space.contains(obs)
+
+
+def test_candidates_follow_the_board_and_old_show_empty_means_hints_empty():
+    from esopt.envs import make_env
+
+    env = make_env("esopt/Sudoku-v0", size=4, h_star=6, hints="candidates")
+    env.reset(seed=0)
+    board = env.unwrapped.board
+    (r, c), (r2, c2) = [(r, c) for r in range(4) for c in range(4) if not board[r][c]][:2]
+    wrong = next(d for d in range(1, 5) if d != env.unwrapped.task.solution[r][c])
+    obs, *_ = env.step(f"set {r + 1} {c + 1} {wrong}")  # a written digit counts for its neighbours
+    board = env.unwrapped.board
+    entries = obs.splitlines()[-2].removeprefix("empty: ").split(", ")
+    entry = next(e for e in entries if e.startswith(f"{r2 + 1} {c2 + 1} "))
+    assert entry.split(" [")[1].rstrip("]").split() == [str(d) for d in _brute_candidates(board, r2, c2)]
+    old = make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)
+    new = make_env("esopt/Sudoku-v0", size=4, h_star=3, hints="empty")
+    assert old.reset(seed=5)[0] == new.reset(seed=5)[0]
+    with pytest.raises(ValueError, match="hints must be one of"):
+        make_env("esopt/Sudoku-v0", size=4, h_star=3, hints="all")
+
+
+def test_a_tiny_model_rollout_sees_the_candidates_in_every_prompt(policy):
+    from esopt.engines.base import SamplingParams
+    from esopt.envs import make_env
+    from esopt.rollout import RolloutSpec
+
+    spec = RolloutSpec(sampling=SamplingParams(temperature=0, max_new_tokens=6))
+    trajs, _ = spec.run(policy, lambda: make_env("esopt/Sudoku-v0", size=4, h_star=2, hints="candidates"),
+                        [1, 2, 3], seed=0)
+    turns = [t for traj in trajs for t in traj.turns]
+    assert turns and all("empty: " in t.observation and " [" in t.observation for t in turns)

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -70,6 +68,7 @@ class Plan:
     measure_inference_peak: bool
     isolate: bool  # one fresh process per run (honest per-run peak memory)
     methods: list[str] = field(default_factory=lambda: list(METHODS))
+    model: str = "tiny-sudoku"  # or "smollm2" (pretrained; bf16 compute, fp32 masters for GRPO/PPO)
     size: int = 4
     reward: str = "shaped"  # training score of every method: shaped | success | env
     max_new_tokens: int = 10
@@ -114,7 +113,8 @@ def run_config(plan: Plan, method: str, h_star: int, seed: int):
     m = plan.episodes_per_step
     data = {
         "algo": method, "seed": seed, "steps": plan.steps,
-        "model": {"name": "tiny-sudoku", "warm_start_steps": plan.warm_start_steps},
+        "model": {"name": plan.model, **({"warm_start_steps": plan.warm_start_steps}
+                                          if plan.model == "tiny-sudoku" else {})},
         "env": {"id": "esopt/Sudoku-v0", "kwargs": {"size": plan.size, "h_star": h_star, "reward": "binary"}},
         "sampling": {"temperature": plan.temperature, "top_p": 0.8, "top_k": 20, "max_new_tokens": plan.max_new_tokens},
         "eval": {"every": plan.eval_every, "tasks": plan.eval_tasks, "repeats": 1},
@@ -140,76 +140,17 @@ def run_config(plan: Plan, method: str, h_star: int, seed: int):
 
 # --- running ---------------------------------------------------------------------------------------
 
-def _state(run: Path) -> str:
-    if (run / "summary.json").exists():
-        return "done"
-    if any((run / f).exists() for f in ("metrics.jsonl", "history.jsonl")):
-        return "partial"
-    return "new"
-
-
-def _train_in_process(run: Path, resume: bool, progress: bool) -> int:
-    from esopt.train import trainer
-    from esopt.train.config import load_config
-
-    config = load_config(run / "config.yaml")
-    summary = trainer(config.algo)(config, run, resume=resume, progress=progress)
-    return 130 if summary.get("interrupted") else 0
-
-
-def _train_in_child(run: Path, resume: bool, threads: int) -> int:
-    cmd = [sys.executable, "-m", "esopt.experiments.horizon", "--child", str(run)] + (
-        ["--child-resume"] if resume else []
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.wait()  # the child got the same SIGINT: let it save its checkpoint first
-        raise
-
-
 def run_all(plan: Plan, out: Path, resume: bool = False, threads: int = 1, progress: bool = False) -> list[str]:
     """Train every (method, H*, seed) not finished yet; returns the names of failed runs."""
-    from esopt.train.config import dump_config, load_config
+    from esopt.experiments.sweep import run_sweep
     from esopt.train.sft import warm_start_path
 
-    root = out / "horizon"
     jobs = [(m, h, s) for h in plan.h_stars for s in plan.seeds for m in plan.methods]
     configs = {run_name(*j): run_config(plan, *j) for j in jobs}  # validate every config before any work
-    states = {name: _state(root / name) for name in configs}
-    if not resume and (busy := [n for n, s in states.items() if s != "new"]):
-        raise FileExistsError(f"{root / busy[0]} already holds a run: pass --resume (skips finished runs, "
-                              "continues partial ones) or another --out")
-    warm_start_path(plan.size, plan.warm_start_steps)  # here, so no run's peak memory includes pretraining
-    failed, t0 = [], time.perf_counter()
-    for k, (name, config) in enumerate(configs.items()):
-        run = root / name
-        if states[name] == "done":
-            print(f"[{k + 1}/{len(configs)}] {name}: finished, skipped", flush=True)
-            continue
-        cont = states[name] == "partial"
-        if cont and load_config(run / "config.yaml").model_dump() != config.model_dump():
-            print(f"warning: {name}: continuing with its stored config.yaml, which differs from this plan",
-                  file=sys.stderr)
-        elif not cont:
-            run.mkdir(parents=True, exist_ok=True)
-            dump_config(config, run / "config.yaml")
-        print(f"[{k + 1}/{len(configs)}] {name}: {'continuing' if cont else 'training'} "
-              f"({config.episodes_per_step} episodes/step, {config.steps} steps) "
-              f"| {time.perf_counter() - t0:.0f}s elapsed", flush=True)
-        t = time.perf_counter()
-        rc = _train_in_child(run, cont, threads) if plan.isolate else _train_in_process(run, cont, progress)
-        if rc == 130:
-            raise KeyboardInterrupt
-        if rc or not (run / "summary.json").exists():
-            failed.append(name)
-            print(f"error: {name} failed (exit code {rc}); the report leaves it out", file=sys.stderr)
-            continue
-        (run / "bench.json").write_text(json.dumps({"wall_seconds": time.perf_counter() - t,
-                                                    "isolated": plan.isolate}))
-    return failed
+    if plan.model == "tiny-sudoku":  # here, so no run's peak memory includes pretraining
+        warm_start_path(plan.size, plan.warm_start_steps)
+    return run_sweep(configs, out / "horizon", resume=resume, isolate=plan.isolate, threads=threads,
+                     progress=progress)
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -405,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default=None,
                    help="board size 4 (default) or 6; 'smoke'/'cpu' are accepted as aliases of --preset")
     p.add_argument("--methods", nargs="+", choices=METHODS)
+    p.add_argument("--model", choices=["tiny-sudoku", "smollm2"],
+                   help="tiny-sudoku (default: the warm-started 1M-parameter Llama) or smollm2 (pretrained)")
     p.add_argument("--h-stars", nargs="+", type=int, help="horizons (holes = minimum turns), default 5 10 15")
     p.add_argument("--seeds", nargs="+", type=int, help="training seeds (tasks, members, sampling); default 0 1 2")
     p.add_argument("--steps", type=int, help="steps (GRPO/PPO) = generations (ES) per run")
@@ -441,7 +384,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     fields = {"methods": args.methods, "h_stars": args.h_stars, "seeds": args.seeds, "steps": args.steps,
               "episodes_per_step": args.episodes_per_step, "population": args.population,
               "group_size": args.group_size, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
-              "warm_start_steps": args.warm_start_steps, "reward": args.reward, "isolate": args.isolate}
+              "warm_start_steps": args.warm_start_steps, "reward": args.reward, "isolate": args.isolate,
+              "model": args.model}
     plan = replace(plan, **{k: v for k, v in fields.items() if v is not None}, overrides=list(args.overrides))
     if args.no_memory_probe:
         plan.measure_inference_peak = False
@@ -449,17 +393,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     return plan
 
 
-def _child(argv: list[str]) -> int:
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    return _train_in_process(Path(argv[0]), "--child-resume" in argv[1:], progress=False)
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--child"]:
-        return _child(argv[1:])
     args = build_parser().parse_args(argv)
     import torch
 
