@@ -159,7 +159,7 @@ def test_overrides_merge_into_nested_defaults():
 
 
 def test_shipped_configs_validate():
-    for path in sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml")):
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml")):
         load_config(path)
 
 

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from esopt.es import read_history, replay
 
-FIXTURE = Path(__file__).parent / "fixtures" / "replay_v1"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "replay_v1"
 
 
 def test_fixture_ledger_replays_bit_exactly():

@@ -142,7 +142,7 @@ def test_malformed_config_is_one_line():
 
 @pytest.mark.parametrize("name", ["grpo_smoke", "grpo_sudoku9_paper"])
 def test_shipped_configs_validate(name):
-    config = load_config(Path(__file__).resolve().parent.parent / "configs" / f"{name}.yaml")
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml")
     assert isinstance(config, GRPOTrainConfig)
     if name.endswith("paper"):
         g = config.grpo

@@ -135,7 +135,7 @@ def test_config_errors_and_shipped_configs():
     with pytest.raises(ConfigError) as e:
         build_config({"algo": "ppo", "ppo": {"lam": 1.5}})
     assert "\n" not in str(e.value) and str(e.value).startswith("config error: ppo.lam")
-    root = Path(__file__).resolve().parent.parent / "configs"
+    root = Path(__file__).resolve().parents[2] / "configs"
     for name in ("ppo_smoke", "ppo_sudoku9_paper"):
         config = load_config(root / f"{name}.yaml")
         assert isinstance(config, PPOTrainConfig)
