@@ -90,22 +90,30 @@ def best_of(result: dict, samples: int, tasks: int) -> dict:
             "shaped_reward": sum(shaped) / tasks}
 
 
-def measure(runs: list[Path], split: str, episodes: int, temperatures: list[float], validation_episodes: int,
-            controls: bool, out: Path, progress: bool = True, es_runs: bool = True, best_of_n: int = 0,
-            best_of_temperature: float = 0.7, samples: int = 0) -> dict:
-    from esopt.es import read_history, replay
+def _one_setting(runs: list[Path]):
+    """The runs' common config (they must share model, env and sampling to be compared)."""
     from esopt.train.config import load_config
-    from esopt.train.models import load_model
-    from esopt.train.tasks import env_factory
 
     if not runs:
         raise ValueError("--runs needs at least one ES run directory")
     configs = [load_config(r / "config.yaml") for r in runs]
-    base_config = configs[0]
-    for r, c in zip(runs, configs):
-        if (c.model, c.env.kwargs, c.env.few_shot, c.sampling) != (
-                base_config.model, base_config.env.kwargs, base_config.env.few_shot, base_config.sampling):
-            raise ValueError(f"{r}: model, env or sampling differ from {runs[0]}; compare runs of one setting")
+
+    def setting(c):
+        return c.model, c.env.kwargs, c.env.few_shot, c.sampling
+
+    if bad := [r for r, c in zip(runs, configs) if setting(c) != setting(configs[0])]:
+        raise ValueError(f"{bad[0]}: model, env or sampling differ from {runs[0]}; compare runs of one setting")
+    return configs[0]
+
+
+def measure(runs: list[Path], split: str, episodes: int, temperatures: list[float], validation_episodes: int,
+            controls: bool, out: Path, progress: bool = True, es_runs: bool = True, best_of_n: int = 0,
+            best_of_temperature: float = 0.7, samples: int = 0) -> dict:
+    from esopt.es import read_history, replay
+    from esopt.train.models import load_model
+    from esopt.train.tasks import env_factory
+
+    base_config = _one_setting(runs)
     cache = out / "gain_evals"
     cache.mkdir(parents=True, exist_ok=True)
     test = base_config.model_copy(deep=True)
