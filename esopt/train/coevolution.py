@@ -24,20 +24,20 @@ class PromptEvolution:
     def __init__(self, policy: Engine, config: ESTrainConfig, rd: RunDir, make_env: Callable, spec: RolloutSpec,
                  start: int, progress: bool):
         self.policy, self.config, self.make_env, self.progress = policy, config, make_env, progress
-        self.prompts = PromptStore(rd.root)
+        self.store = PromptStore(rd.root)
         self.program = self._current_prompt(start)
         self.spec = spec.replace(system_prompt=self.program.render())
 
     def _current_prompt(self, start: int) -> PromptVersion:
         """Version 0 is the config's (or env's) system prompt; on resume, the newest accepted version made
         at or before the resumed generation."""
-        accepted = [v for v in self.prompts.all() if v.accepted and v.generation <= start]
+        accepted = [v for v in self.store.all() if v.accepted and v.generation <= start]
         if accepted:
             return accepted[-1]
         with self.make_env() as env:
             system = resolve_system_prompt(env, self.config.env.system_prompt) or ""
         v0 = PromptVersion(0, system, [], generation=0)
-        self.prompts.save(v0)
+        self.store.save(v0)
         return v0
 
     def _reflector(self):
@@ -79,12 +79,12 @@ class PromptEvolution:
         if skills == self.program.skills:
             say("prompt step: the distilled skills equal the current ones; nothing to gate", self.progress)
             return {"prompt_accepted": False}
-        candidate = PromptVersion(max(v.version for v in self.prompts.all()) + 1, self.program.system, skills,
+        candidate = PromptVersion(max(v.version for v in self.store.all()) + 1, self.program.system, skills,
                                   generation=generation)
         accepted, now, new = gate(lambda text: self.prompt_score(text, generation), self.program.render(),
                                   candidate.render(), c.prompt.margin)
         candidate.score, candidate.accepted = new, accepted
-        self.prompts.save(candidate)
+        self.store.save(candidate)
         say(f"prompt step @ {generation}: v{candidate.version} scores {new:.3f} vs v{self.program.version} {now:.3f}"
             f" -> {'accepted' if accepted else 'rejected'}", self.progress)
         if accepted:
