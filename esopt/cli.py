@@ -222,7 +222,7 @@ def _add_eval(sub) -> None:
     e.add_argument("--conversation", choices=["markov", "history"], default="markov")
     e.add_argument("--batch-size", type=int, default=None, help="max episodes per generate call")
     e.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="auto: bfloat16 for smollm2, float32 otherwise")
+                   help="auto: bfloat16 for smollm2 where the hardware has bf16, float32 otherwise")
     e.add_argument("--few-shot", type=int, default=0, help="worked exchanges from the env shown as chat turns")
     e.add_argument("--device", default="cpu")
     e.add_argument("--samples", type=int, default=2, help="transcripts to print")

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--h-star", type=int, default=10, help="empty cells (turn cap 3*H* >= --turns)")
     ap.add_argument("--few-shot", type=int, default=0, help="worked examples in every prompt (shared prefix)")
     ap.add_argument("--show-empty", action="store_true", help="Sudoku observation lists the empty cells")
-    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 for smollm2, float32 otherwise")
+    ap.add_argument("--dtype", default="auto", help="auto: bf16 for smollm2 where the hardware has it, else fp32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     args = ap.parse_args(argv)

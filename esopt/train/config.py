@@ -33,13 +33,13 @@ class ModelSection(Section):
     def resolved_dtype(self) -> str:
         from esopt.models import model_dtype
 
-        return model_dtype(self.name, self.dtype)
+        return model_dtype(self.name, self.dtype, self.device)
 
     name: str = Field(
         "tiny", description="'tiny', 'tiny-sudoku' (warm-started, cached), 'smollm2', a local HF dir or .gguf"
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="auto: bfloat16 for smollm2, else float32")
+        "auto", description="auto: bfloat16 for smollm2 on a GPU or a CPU with native bf16, else float32")
     device: str = Field("cpu", description="cpu, auto (cuda if available), cuda, cuda:N, mps or xpu")
     engine: str = Field("hf", description="inference engine by registered name (esopt.engines.ENGINES)")
     seed: int = Field(0, description="init seed of a fresh tiny model (and of the warm start)")

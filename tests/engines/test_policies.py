@@ -252,3 +252,20 @@ def test_smollm2_bf16_few_shot_sudoku_through_esopt_eval(smollm2_dir, capsys):
     assert 0 <= float(re.search(r"correct given valid ([0-9.]+)", out).group(1)) <= 1
     # the pretrained model follows the few-shot format: its first action is a `set r c v` move
     assert "action: 'set " in out
+
+
+def test_auto_dtype_follows_the_hardware(tmp_path, monkeypatch):
+    import esopt.models as models
+
+    with_bf16, without = tmp_path / "bf16", tmp_path / "avx2"
+    with_bf16.write_text("flags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
+    without.write_text("flags\t\t: fpu sse2 avx2 avx512f avx512bw\n")
+    assert models.cpu_has_native_bf16(str(with_bf16)) and not models.cpu_has_native_bf16(str(without))
+    assert not models.cpu_has_native_bf16(str(tmp_path / "missing"))
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)
+    assert models.model_dtype("smollm2", "auto", "cpu") == "float32"
+    assert models.model_dtype("smollm2", "auto", "cuda") == "bfloat16"
+    assert models.model_dtype("smollm2", "bfloat16", "cpu") == "bfloat16"  # an explicit choice is kept
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
+    assert models.model_dtype("smollm2", "auto", "cpu") == "bfloat16"
+    assert models.model_dtype("tiny", "auto", "cuda") == "float32"
