@@ -662,3 +662,33 @@ def test_a_tiny_model_rollout_sees_the_candidates_in_every_prompt(policy):
                         [1, 2, 3], seed=0)
     turns = [t for traj in trajs for t in traj.turns]
     assert turns and all("empty: " in t.observation and " [" in t.observation for t in turns)
+
+
+@pytest.mark.parametrize("hints", ["none", "candidates"])
+def test_episode_worked_examples_replay_a_solved_episode(hints):
+    env = SudokuEnv(size=4, h_star=3, hints=hints, examples="episode")
+    pairs = env.worked_examples(2, seed=5)
+    assert len(pairs) == 2 * 3  # every exchange of two solved three-move episodes
+    for start in (0, 3):
+        replay = SudokuEnv(size=4, h_star=3, hints=hints)
+        episode = pairs[start:start + 3]
+        rows = episode[0][0].splitlines()[:4]
+        first_board = [[int(ch) if ch != "." else 0 for ch in line.split()[1]] for line in rows]
+        solution = [row[:] for row in first_board]
+        for _, move in episode:  # the moves fill the holes with the solution's digits
+            _, r, c, v = move.split()
+            solution[int(r) - 1][int(c) - 1] = int(v)
+        assert all(v for row in solution for v in row) and len({m for _, m in episode}) == 3
+        obs, _ = replay.reset(options={"puzzle": first_board, "solution": solution})
+        for shown, move in episode:
+            assert shown.rsplit(" t", 1)[0] == obs.rsplit(" t", 1)[0]  # same board, hints and feedback
+            obs, _, terminated, _, info = replay.step(move)
+            assert info["action_is_valid"] and info["action_is_correct"]
+        assert terminated and info["is_success"]
+
+
+def test_first_move_worked_examples_are_one_pair_per_puzzle():
+    pairs = SudokuEnv(size=4, h_star=3).worked_examples(3, seed=5)
+    assert len(pairs) == 3 and len({obs for obs, _ in pairs}) == 3
+    with pytest.raises(ValueError, match="examples must be one of"):
+        SudokuEnv(size=4, examples="all")

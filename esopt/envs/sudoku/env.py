@@ -30,6 +30,7 @@ MAX_ACTION_CHARS = 2048
 SHAPED_WEIGHTS: tuple[float, float, float] = (0.5, 0.3, 0.2)
 _CELL_CHARS = ".123456789"
 HINT_LEVELS = ("none", "empty", "candidates")
+EXAMPLE_MODES = ("first", "episode")  # worked examples: one first move per puzzle, or a whole solved episode
 
 class SudokuEnv(AgentEnv):
     """Multi-turn text Sudoku for LLM agents.
@@ -81,7 +82,9 @@ class SudokuEnv(AgentEnv):
     observation adds before the status line: "none"; "empty" lists the empty cells as `empty: 2 1, 3 4`, row
     then column, which a smaller model needs to find the cells; "candidates" also lists each empty cell's
     digits that clash with nothing on the current board, `empty: 2 1 [3 4], 3 4 [1]`), show_empty (old
-    name: true means hints="empty"), render_mode (None | "ansi").
+    name: true means hints="empty"), examples ("first": each worked example is a puzzle's first observation
+    and one correct move; "episode": every exchange of a solved episode, H* turns of feedback and moves, so
+    a few-shot prompt shows the task carried over turns), render_mode (None | "ansi").
 
     ## Versions
     v0: initial version.
@@ -99,6 +102,7 @@ class SudokuEnv(AgentEnv):
         unique: bool = False,
         hints: str = "none",
         show_empty: bool = False,
+        examples: str = "first",
         render_mode: str | None = None,
     ) -> None:
         self.size = _check_size(size)
@@ -122,6 +126,9 @@ class SudokuEnv(AgentEnv):
         if hints not in HINT_LEVELS:
             raise ValueError(f"hints must be one of {list(HINT_LEVELS)}, got {hints!r}")
         self.hints = "empty" if show_empty and hints == "none" else hints
+        if examples not in EXAMPLE_MODES:
+            raise ValueError(f"examples must be one of {list(EXAMPLE_MODES)}, got {examples!r}")
+        self.examples = examples
         self.render_mode = render_mode
         self.box_shape = BOX_SHAPES[self.size]
 
@@ -293,10 +300,12 @@ class SudokuEnv(AgentEnv):
         return self._obs(), float(reward), terminated, truncated, self._info(valid=valid, move=move)
 
     def worked_examples(self, count: int, seed: int = 0) -> list[tuple[str, str]]:
-        """`count` worked exchanges for few-shot prompts: (first observation of a puzzle, a correct move).
+        """Worked exchanges for few-shot prompts, (observation, correct move) pairs from `count` puzzles:
+        each puzzle's first observation and one move (`examples="first"`), or every exchange of the puzzle
+        solved turn by turn (`examples="episode"`, H* pairs per puzzle, in order).
 
         The puzzles come from their own seed stream (never a training or held-out task), with this env's
-        size and H*. The move fills a random empty cell, not the oracle's first one, so a model that
+        size and H*. Moves fill the empty cells in a random order, not the oracle's, so a model that
         copies the examples' coordinates gains nothing from it. The env's own state is not touched."""
         rng = np.random.default_rng([int(seed), self.size, self.h_star, 0x5EED])
         env = SudokuEnv(self.size, self.h_star, self.turn_cap_factor, self.reward_mode, self.allow_overwrite,
@@ -305,8 +314,15 @@ class SudokuEnv(AgentEnv):
         for _ in range(count):
             task = generate_task(rng, self.size, self.h_star)
             obs, _ = env.reset(options={"task": task})
-            r, c = env._holes[int(rng.integers(len(env._holes)))]
-            out.append((obs, f"set {r + 1} {c + 1} {task.solution[r][c]}"))
+            if self.examples == "first":
+                r, c = env._holes[int(rng.integers(len(env._holes)))]
+                out.append((obs, f"set {r + 1} {c + 1} {task.solution[r][c]}"))
+                continue
+            for k in rng.permutation(len(env._holes)):
+                r, c = env._holes[int(k)]
+                move = f"set {r + 1} {c + 1} {task.solution[r][c]}"
+                out.append((obs, move))
+                obs = env.step(move)[0]
         return out
 
     def render(self) -> str | None:
