@@ -29,17 +29,7 @@ import numpy as np
 import torch
 
 from esopt.utils.report import add_analysis_options, fmt_change, write_report
-
-
-def mcnemar_p(before: list[int], after: list[int]) -> float:
-    """Exact two-sided McNemar test on paired binary outcomes (binomial test on the discordant pairs)."""
-    b = sum(1 for x, y in zip(before, after) if x and not y)
-    c = sum(1 for x, y in zip(before, after) if y and not x)
-    if b + c == 0:
-        return 1.0
-    from scipy.stats import binomtest
-
-    return float(binomtest(min(b, c), b + c, 0.5).pvalue)
+from esopt.utils.stats import mcnemar_p
 
 
 def permuted_records(records: list[dict], seed: int) -> list[dict]:

@@ -217,6 +217,56 @@ def _ratio(a: float, b: float) -> str:
     return "n/a" if not b or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
 
 
+def _episodes(runs: list[RunResult], which: str) -> tuple[list[int], list[int]]:
+    """Concatenated per-episode success of `which` eval ("eval_before"/"eval_after") over runs in seed order,
+    with the base's episodes repeated alongside (every run at one H* evaluates the same tasks and seeds)."""
+    after, base = [], []
+    for r in sorted(runs, key=lambda r: r.seed):
+        if r.summary.get(which) and r.summary.get("eval_before"):
+            after += r.summary[which]["episode_success"]
+            base += r.summary["eval_before"]["episode_success"]
+    return base, after
+
+
+def paired_lines(plan: Plan, results: list[RunResult]) -> list[str]:
+    """Table 1's paired part: each method against the base and ES against each baseline, per H*, with a
+    paired bootstrap 95% interval over held-out tasks (seeds pooled as repeats of the same tasks) and an exact
+    McNemar p; plus the valid-move rate and correctness given a valid move, so a format-only gain shows."""
+    from esopt.utils.report import fmt_change
+    from esopt.utils.stats import mcnemar_p, paired_difference
+
+    lines = ["", "## Paired with the base on the same held-out tasks and sampling seeds", "",
+             "Change in success [paired bootstrap 95% over tasks, seeds pooled]; McNemar p on the pooled pairs; "
+             "valid-move rate and correct-given-valid of the final eval (mean over seeds; base in brackets).", "",
+             "| H* | method | episodes | success | change vs base | McNemar p | valid moves | correct given valid |",
+             "|---|---|---|---|---|---|---|---|"]
+    final: dict[tuple[str, int], list[int]] = {}
+    for h in plan.h_stars:
+        for m in plan.methods:
+            runs = [r for r in results if r.method == m and r.h_star == h and r.summary.get("eval_after")]
+            base, after = _episodes(runs, "eval_after")
+            if not after:
+                continue
+            final[(m, h)] = after
+            d = paired_difference(base, after, tasks=plan.eval_tasks)
+            ev = [r.summary["eval_after"] for r in runs]
+            b0 = runs[0].summary["eval_before"]
+            lines.append(f"| {h} | {LABELS[m]} | {len(after)} | {_mean(after):.3f} (base {_mean(base):.3f}) | "
+                         f"{fmt_change(d)} | {mcnemar_p(base, after):.3g} | "
+                         f"{_mean([e['valid_action_rate'] for e in ev]):.3f} ({b0['valid_action_rate']:.3f}) | "
+                         f"{_mean([e['correct_given_valid'] for e in ev]):.3f} ({b0['correct_given_valid']:.3f}) |")
+    duels = [(h, other) for h in plan.h_stars for other in ("grpo", "ppo")
+             if ("es", h) in final and (other, h) in final and len(final[("es", h)]) == len(final[(other, h)])]
+    if duels:
+        lines += ["", "ES against each baseline (same tasks, seeds matched):", "",
+                  "| H* | comparison | ES - baseline [95%] | McNemar p |", "|---|---|---|---|"]
+        for h, other in duels:
+            es, them = final[("es", h)], final[(other, h)]
+            lines.append(f"| {h} | ES vs {LABELS[other]} | {fmt_change(paired_difference(them, es, plan.eval_tasks))}"
+                         f" | {mcnemar_p(them, es):.3g} |")
+    return lines
+
+
 def report(plan: Plan, results: list[RunResult]) -> str:
     """The markdown of horizon.md (tables only; the curves are horizon.png)."""
     methods = [m for m in plan.methods if any(r.method == m for r in results)]
@@ -249,6 +299,7 @@ def report(plan: Plan, results: list[RunResult]) -> str:
                 cells.append(f"{_mean(xs):.3f} ± {_std(xs):.3f} (n={len(xs)})" if xs else "n/a")
             lines.append(f"| {h} | {_mean(base):.3f} | " + " | ".join(cells) + " |")
 
+    lines += paired_lines(plan, results)
     peak = {m: _mean([r.summary["peak_memory_bytes"] for h in plan.h_stars for r in by[(m, h)]]) for m in methods}
     infer = {
         m: _mean(

@@ -40,3 +40,14 @@ def paired_difference(
     tail = (1 - level) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
     return PairedDifference(float(per_task.mean()), float(low), float(high), tasks)
+
+
+def mcnemar_p(before: Sequence[int], after: Sequence[int]) -> float:
+    """Exact two-sided McNemar test on paired binary outcomes (binomial test on the discordant pairs)."""
+    b = sum(1 for x, y in zip(before, after) if x and not y)
+    c = sum(1 for x, y in zip(before, after) if y and not x)
+    if b + c == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(binomtest(min(b, c), b + c, 0.5).pvalue)

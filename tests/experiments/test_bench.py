@@ -10,6 +10,7 @@ import torch
 
 from esopt.cli import main as cli_main
 from esopt.experiments import horizon, variance
+from esopt.models import model_dtype
 from esopt.train.config import load_config
 
 
@@ -78,10 +79,30 @@ def test_horizon_plan_on_the_pretrained_model_with_hints():
     plan = horizon.plan_from_args(args)
     configs = {m: horizon.run_config(plan, m, 2, 0) for m in horizon.METHODS}
     for config in configs.values():
-        assert config.model.name == "smollm2" and config.model.resolved_dtype == "bfloat16"
+        assert config.model.name == "smollm2" and config.model.resolved_dtype == model_dtype("smollm2", "auto", "cpu")
         assert config.env.kwargs["hints"] == "candidates" and config.env.few_shot == 2
         assert config.episodes_per_step == plan.episodes_per_step
     assert configs["grpo"].grpo.lr == 3e-6 and configs["ppo"].ppo.lr != 3e-6  # method keys stay with their method
+
+
+def test_paired_table_against_the_base_and_between_methods():
+    """Hand-made evals: ES turns 4 of 8 failures into successes (McNemar: 4 discordant pairs one way,
+    p = 2/16); GRPO changes nothing; ES - GRPO is then ES - base."""
+    plan = horizon.Plan(**{**horizon.PRESETS["smoke"], "h_stars": [2], "eval_tasks": 8, "methods": ["es", "grpo"]})
+    base = {"episode_success": [0, 0, 0, 0, 1, 1, 1, 1], "valid_action_rate": 0.5, "correct_given_valid": 0.25}
+    trained = {**base, "episode_success": [1] * 8, "valid_action_rate": 0.75}
+
+    def run(method, after):
+        return horizon.RunResult(method, 2, 0, {"eval_before": base, "eval_after": after}, [], [], 8, None)
+
+    lines = horizon.paired_lines(plan, [run("es", trained), run("grpo", base)])
+    es_row = next(line for line in lines if line.startswith("| 2 | ES | 8 |"))
+    assert "1.000 (base 0.500)" in es_row and "| +0.500 [" in es_row and "| 0.125 |" in es_row
+    assert "| 0.750 (0.500) |" in es_row
+    grpo_row = next(line for line in lines if line.startswith("| 2 | GRPO | 8 |"))
+    assert "+0.000 [+0.000, +0.000]" in grpo_row and "| 1 |" in grpo_row
+    duel = next(line for line in lines if "ES vs GRPO" in line)
+    assert "+0.500 [" in duel and "| 0.125 |" in duel
 
 
 @pytest.mark.slow
