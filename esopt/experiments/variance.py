@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from esopt.engines.base import SamplingParams
 from esopt.utils.report import add_analysis_options
@@ -67,6 +68,9 @@ class Setup:
     temperature: float = SamplingParams.temperature
     max_new_tokens: int = 10
     micro_batch: int = 64
+    model: str = "tiny-sudoku"  # or "smollm2" (pretrained, with `env_kwargs` hints and `few_shot` examples)
+    env_kwargs: dict = field(default_factory=dict)  # extra Sudoku arguments, e.g. {"hints": "candidates"}
+    few_shot: int = 0  # worked examples in every prompt (the env's `worked_examples`)
 
     def check(self) -> None:
         if self.repeats < 2:
@@ -81,6 +85,10 @@ class Setup:
             raise ValueError(f"--sigma must be > 0 (got {self.sigma})")
         if bad := [h for h in self.h_stars if not 1 <= h <= self.size ** 2]:
             raise ValueError(f"--h-stars {bad} out of range 1..{self.size ** 2}")
+        if self.model not in ("tiny-sudoku", "smollm2"):
+            raise ValueError(f"--model must be tiny-sudoku or smollm2 (got {self.model!r})")
+        if clash := sorted({"size", "h_star", "reward"} & set(self.env_kwargs)):
+            raise ValueError(f"--env-arg {clash}: set by the analysis itself (use --size / --h-stars)")
 
 
 SMOKE = dict(h_stars=[1, 2], repeats=3, batch=4, members=4, member_episodes=2, directions=4, warm_start_steps=60,
@@ -214,13 +222,14 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     """Run the analysis; returns {"setup", "rows": [per (method, H*)], "fits": {method: {...}}}."""
     from esopt.envs import make_env
     from esopt.es import ES, ESConfig, ParamScope, select_parameters
-    from esopt.rollout import run_episodes, trajectory_score
+    from esopt.rollout import env_examples, run_episodes, trajectory_score
     from esopt.train.config import ModelSection
     from esopt.train.models import load_model
 
     setup.check()
-    policy = load_model(ModelSection(name="tiny-sudoku", warm_start_steps=setup.warm_start_steps),
-                        {"size": setup.size})
+    model = ModelSection(name=setup.model, **({"warm_start_steps": setup.warm_start_steps}
+                                              if setup.model == "tiny-sudoku" else {}))
+    policy = load_model(model, {"size": setup.size})
     params = select_parameters(policy.model, ParamScope())
     dim = sum(p.numel() for _, p in params)
     sampling = SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens)
@@ -229,13 +238,17 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     directions = random_directions(dim, setup.directions, setup.seed)  # the same K directions everywhere
     rows, t0 = [], time.perf_counter()
     for h in setup.h_stars:
-        kwargs = {"size": setup.size, "h_star": h, "reward": "shaped"}
+        kwargs = {**setup.env_kwargs, "size": setup.size, "h_star": h, "reward": "shaped"}
 
         def make(kwargs=kwargs):
             return make_env("esopt/Sudoku-v0", **kwargs)
 
-        def rollout(tasks: list[int], seed: int):
-            trajs, stats = run_episodes(policy, make, tasks, sampling, seed=seed, max_batch_size=None)
+        with make() as env:
+            examples = env_examples(env, setup.few_shot)
+
+        def rollout(tasks: list[int], seed: int, examples=examples):
+            trajs, stats = run_episodes(policy, make, tasks, sampling, seed=seed, max_batch_size=None,
+                                        examples=examples)
             return trajs, np.array([trajectory_score(t, "shaped") for t in trajs]), stats
 
         acc = {m: ProjectionStats(dim, directions) for m in METHODS}
@@ -297,9 +310,12 @@ def _g(x: float) -> str:
 def report(result: dict) -> str:
     s, rows = result["setup"], result["rows"]
     groups = "" if s["pg_group"] == 1 else f" ({s['batch'] // s['pg_group']} tasks x {s['pg_group']})"
+    model = s.get("model", "tiny-sudoku")
+    about = (f"tiny-sudoku (warm start {s['warm_start_steps']} steps" if model == "tiny-sudoku"
+             else f"{model} (env arguments {s.get('env_kwargs') or {}}, {s.get('few_shot', 0)} worked examples")
     lines = [
-        f"# Gradient-estimator variance vs horizon ({s['size']}x{s['size']} Sudoku, fixed tiny-sudoku model)", "",
-        f"Model: tiny-sudoku (warm start {s['warm_start_steps']} steps, {result['dim']:,} parameters), never updated. "
+        f"# Gradient-estimator variance vs horizon ({s['size']}x{s['size']} Sudoku, fixed {model} model)", "",
+        f"Model: {about}, {result['dim']:,} parameters), never updated. "
         f"Score: the env's **shaped reward** (episode sum = 0.5 success + 0.3 progress + 0.2 valid-move rate; binary "
         f"success is ~0 at large H*). Sampling T={s['temperature']}, top-p 0.8, top-k 20, {s['max_new_tokens']} new "
         f"tokens. R={s['repeats']} independent estimates per (method, H*); PG: B={s['batch']} episodes{groups}, "
@@ -391,6 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, choices=[4, 6], help="board size (default 4)")
     p.add_argument("--warm-start-steps", type=int, help=f"tiny-sudoku warm start steps (default {d.warm_start_steps})")
     p.add_argument("--seed", type=int, help="seed of tasks, sampling, ES noise and directions (default 0)")
+    p.add_argument("--model", choices=["tiny-sudoku", "smollm2"], help="the fixed model (default tiny-sudoku)")
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Sudoku argument (repeatable), e.g. hints=candidates examples=episode")
+    p.add_argument("--few-shot", type=int, help="worked examples in every prompt (default 0)")
+    p.add_argument("--temperature", type=float, help=f"sampling temperature (default {d.temperature})")
+    p.add_argument("--micro-batch", type=int, help="PG backward micro-batch (default 64; smollm2: 4, for memory)")
     add_analysis_options(p, "OUT/variance.md, .png, .json")
     return p
 
@@ -398,9 +420,16 @@ def build_parser() -> argparse.ArgumentParser:
 def setup_from_args(args: argparse.Namespace) -> Setup:
     setup = Setup(**SMOKE) if args.smoke else Setup()
     for key in ("h_stars", "repeats", "batch", "members", "member_episodes", "directions", "sigma", "pg_group",
-                "size", "warm_start_steps", "seed"):
+                "size", "warm_start_steps", "seed", "model", "few_shot", "temperature", "micro_batch"):
         if getattr(args, key) is not None:
             setattr(setup, key, getattr(args, key))
+    for item in args.env_arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env-arg {item!r}: expected KEY=VALUE")
+        setup.env_kwargs[key] = yaml.safe_load(value)
+    if setup.model == "smollm2" and args.micro_batch is None:
+        setup.micro_batch = 4  # backward through few-shot prompts of a 135M model: bound the activations
     setup.antithetic = setup.antithetic or args.antithetic
     setup.check()
     return setup

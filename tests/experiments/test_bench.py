@@ -216,3 +216,15 @@ def test_population_benchmark_compares_backends_side_by_side(capsys):
     assert population.main(["--model", "tiny", "--members", "4", "--tasks", "2", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "| low-rank batched |" in out and "| full-rank sequential |" in out and "1.00x" in out
+
+
+def test_variance_setup_on_the_pretrained_model():
+    parse = variance.build_parser().parse_args
+    setup = variance.setup_from_args(parse(["--model", "smollm2", "--env-arg", "hints=candidates", "--env-arg",
+                                            "examples=episode", "--few-shot", "2", "--temperature", "0.3"]))
+    assert (setup.model, setup.few_shot, setup.temperature) == ("smollm2", 2, 0.3)
+    assert setup.env_kwargs == {"hints": "candidates", "examples": "episode"} and setup.micro_batch == 4
+    assert variance.setup_from_args(parse([])).env_kwargs == {}  # no state shared between setups
+    for bad, match in ((["--env-arg", "hints"], "KEY=VALUE"), (["--env-arg", "h_star=3"], "set by the analysis")):
+        with pytest.raises(ValueError, match=match):
+            variance.setup_from_args(parse(bad))
