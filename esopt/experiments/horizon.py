@@ -165,6 +165,17 @@ class RunResult:
     train_rows: list[dict]
     episodes_per_step: int
     wall_seconds: float | None
+    flops_per_token_param: float = 2.0  # model FLOPs per (rollout token x parameter): 2 forward; PG adds updates
+
+
+def flops_per_token_param(config) -> float:
+    """FLOPs per rollout token and parameter of one step: 2 for the rollout's forward pass (an upper estimate:
+    shared-prefix reuse computes less); a policy-gradient step then re-runs every turn's prompt and reply
+    forward and backward (6 per epoch) and, with a KL penalty, through the frozen reference (2)."""
+    if config.algo == "es":
+        return 2.0
+    section = getattr(config, config.algo)
+    return 2.0 + 6.0 * section.epochs + (2.0 if section.kl_beta > 0 else 0.0)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -189,12 +200,13 @@ def load_results(plan: Plan, out: Path) -> list[RunResult]:
                     continue
                 rows = _rows(run / "metrics.jsonl")
                 bench = json.loads((run / "bench.json").read_text()) if (run / "bench.json").exists() else {}
+                config = load_config(run / "config.yaml")
                 results.append(RunResult(
                     m, h, s, json.loads((run / "summary.json").read_text()),
                     sorted((r["step"], r["success_rate"], r.get("shaped_reward", math.nan))
                            for r in rows if r["kind"] == "eval"),
-                    [r for r in rows if r["kind"] == "train"], load_config(run / "config.yaml").episodes_per_step,
-                    bench.get("wall_seconds")))
+                    [r for r in rows if r["kind"] == "train"], config.episodes_per_step,
+                    bench.get("wall_seconds"), flops_per_token_param(config)))
     return results
 
 
@@ -326,8 +338,8 @@ def report(plan: Plan, results: list[RunResult]) -> str:
                   f"{m_eps // plan.population} tasks; GRPO/PPO: all {m_eps}), in a fresh process."]
 
     lines += ["", "## Time and tokens per step (mean over seeds)", "",
-              "| H* | method | s/step (training) | s/step (incl. evals) | generated tokens/step | episodes/step "
-              "| run wall-clock (s) |", "|---|---|---|---|---|---|---|"]
+              "| H* | method | s/step (training) | s/step (incl. evals) | generated tokens/step | prompt tokens/step "
+              "| est. TFLOP/step | episodes/step | run wall-clock (s) |", "|---|---|---|---|---|---|---|---|---|"]
     for h in plan.h_stars:
         for m in methods:
             rs = by[(m, h)]
@@ -335,12 +347,17 @@ def report(plan: Plan, results: list[RunResult]) -> str:
                 continue
             sec = _mean([_mean([row["seconds"] for row in r.train_rows]) for r in rs])
             tok = _mean([_mean([row["generated_tokens"] for row in r.train_rows]) for r in rs])
+            ptok = _mean([_mean([row.get("prompt_tokens", math.nan) for row in r.train_rows]) for r in rs])
+            flop = _mean([r.flops_per_token_param * r.summary.get("parameters", math.nan) for r in rs]) * (tok + ptok)
             wall = [r.wall_seconds for r in rs if r.wall_seconds is not None]
             wall_s = f"{_mean(wall):.0f}" if wall else "n/a"
             eps = ", ".join(str(x) for x in sorted({r.episodes_per_step for r in rs}))
             lines.append(f"| {h} | {LABELS[m]} | {sec:.1f} | {_mean([r.summary['seconds_per_step'] for r in rs]):.1f}"
-                         f" | {tok:.0f} | {eps} | {wall_s} |")
-    lines += ["", "## Eval curves", "", "![held-out success and shaped score vs step, one panel per H*](horizon.png)",
+                         f" | {tok:.0f} | {ptok:.0f} | {flop / 1e12:.3g} | {eps} | {wall_s} |")
+    lines += ["", "Estimated model FLOPs per step: (prompt + generated tokens) x parameters x 2 for the rollout "
+              "(no credit for shared-prefix reuse), plus 6 per epoch (forward and backward over every turn's "
+              "prompt and reply) and 2 for a KL reference, for GRPO and PPO.", "",
+              "## Eval curves", "", "![held-out success and shaped score vs step, one panel per H*](horizon.png)",
               ""]
     return "\n".join(lines)
 

@@ -131,6 +131,7 @@ class ESAlgorithm:
             "zero_variance": told.zero_variance,
             "valid_action_rate": pop["valid_action_rate"], "correct_given_valid": pop["correct_given_valid"],
             "generated_tokens": sum(r.stats.generated_tokens for r in results),
+            "prompt_tokens": sum(r.stats.prompt_tokens for r in results),
         }
         if config.es.antithetic:  # share of pairs whose two members scored differently
             row["pair_disagreement"] = pair_disagreement(fitness, [m.sign for m in members])

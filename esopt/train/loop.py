@@ -170,6 +170,7 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
         "time_split": {"perturb": timers.perturb, "restore": timers.restore, "update": timers.update,
                        "rollout": timers.rollout, "eval": timers.eval,
                        **algorithm.time_shares(timers)},
+        "parameters": sum(p.numel() for p in policy.model.parameters()),
         "peak_memory_bytes": peak, "inference_peak_bytes": infer,
         "memory_ratio": peak / infer if infer else None,
         "eval_before": first, "eval_after": last,

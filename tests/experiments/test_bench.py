@@ -228,3 +228,10 @@ def test_variance_setup_on_the_pretrained_model():
     for bad, match in ((["--env-arg", "hints"], "KEY=VALUE"), (["--env-arg", "h_star=3"], "set by the analysis")):
         with pytest.raises(ValueError, match=match):
             variance.setup_from_args(parse(bad))
+
+
+def test_flops_per_token_count_the_update_passes():
+    plan = horizon.plan_from_args(horizon.build_parser().parse_args(["--preset", "smoke", "--set", "ppo.epochs=3"]))
+    factors = {m: horizon.flops_per_token_param(horizon.run_config(plan, m, 2, 0)) for m in horizon.METHODS}
+    # ES: a forward pass per token; GRPO: + 1 epoch fwd+bwd (6) + KL reference (2); PPO: + 3 epochs + reference
+    assert factors == {"es": 2.0, "grpo": 2.0 + 6.0 + 2.0, "ppo": 2.0 + 18.0 + 2.0}

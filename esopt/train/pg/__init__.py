@@ -134,7 +134,8 @@ class PolicyGradient:
         self.policy.weights_changed()
         self.timers.update += time.perf_counter() - t_up
         return {**step_row(trajectories, pg_section(config).reward), "kl": None, **upd,
-                "generated_tokens": stats.generated_tokens, "rollout_seconds": t_up - t_step,
+                "generated_tokens": stats.generated_tokens, "prompt_tokens": stats.prompt_tokens,
+                "rollout_seconds": t_up - t_step,
                 "update_seconds": time.perf_counter() - t_up}
 
     def describe(self, row: dict) -> str:
