@@ -147,6 +147,8 @@ def run_all(plan: Plan, out: Path, resume: bool = False, threads: int = 1, progr
 
     jobs = [(m, h, s) for h in plan.h_stars for s in plan.seeds for m in plan.methods]
     configs = {run_name(*j): run_config(plan, *j) for j in jobs}  # validate every config before any work
+    for config in configs.values():  # every method and seed at one H* starts from one base: evaluate it once
+        config.eval.base_cache = str(out / "horizon_base_evals")
     if plan.model == "tiny-sudoku":  # here, so no run's peak memory includes pretraining
         warm_start_path(plan.size, plan.warm_start_steps)
     return run_sweep(configs, out / "horizon", resume=resume, isolate=plan.isolate, threads=threads,

@@ -84,6 +84,9 @@ class EvalSection(Section):
     seed: int = Field(1_000_003, description="seed of the held-out task set (disjoint stream from training)")
     split: Literal["test", "validation"] = Field(
         "test", description="held-out split: tune on 'validation', report on 'test' (disjoint seed ranges)")
+    base_cache: str | None = Field(
+        None, description="folder caching the starting model's eval by everything that determines it (model, env, "
+                          "sampling, eval tasks, batch size, torch, CPU, threads): runs that share a base reuse it")
 
 
 class BaseTrainConfig(Section):

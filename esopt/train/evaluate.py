@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 from esopt.engines.base import Engine
 from esopt.rollout import RolloutSpec, env_examples, summarize, trajectory_score
@@ -35,3 +38,33 @@ def evaluate(policy: Engine, config: BaseTrainConfig, spec: RolloutSpec, make_en
     out["episode_success"] = [int(t.success) for t in trajectories]
     out["episode_shaped"] = [round(trajectory_score(t, "shaped"), 4) for t in trajectories]
     return out
+
+
+def base_eval_key(config: BaseTrainConfig) -> str:
+    """What the starting model's eval depends on: the model, env, sampling and held-out set, the batch layout,
+    and the kernels (torch version, CPU, threads: greedy decoding flips on near-ties between kernels)."""
+    import torch
+
+    from esopt.utils.report import cpu_model
+
+    what = {"model": config.model.model_dump(), "env": config.env.model_dump(),
+            "sampling": config.sampling.model_dump(), "max_batch_size": config.max_batch_size,
+            "eval": config.eval.model_dump(exclude={"every", "base_cache"}),
+            "torch": torch.__version__, "cpu": cpu_model(), "threads": torch.get_num_threads()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def cached_base_eval(config: BaseTrainConfig, compute: Callable[[], dict]) -> dict:
+    """`compute()` (the eval of the starting model), or its cached result from `config.eval.base_cache` when a
+    run with the same `base_eval_key` already computed it (a sweep's runs at one setting share one base)."""
+    if config.eval.base_cache is None:
+        return compute()
+    from esopt.utils.io import write_json_atomic
+
+    path = Path(config.eval.base_cache) / f"{base_eval_key(config)}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    result = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, result)
+    return result

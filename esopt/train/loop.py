@@ -21,7 +21,7 @@ from typing import Protocol
 
 from esopt.engines.base import Engine
 from esopt.train.config import BaseTrainConfig
-from esopt.train.evaluate import evaluate, rollout_spec
+from esopt.train.evaluate import cached_base_eval, evaluate, rollout_spec
 from esopt.train.memprobe import inference_peak_bytes
 from esopt.train.rundir import RunDir, read_summary
 from esopt.train.tasks import env_factory
@@ -98,7 +98,10 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
 
     def run_eval(step: int) -> dict:
         t = time.perf_counter()
-        result = evaluate(policy, config, eval_spec, make_env)
+        if step == 0:  # the starting model: shared by every run of a sweep with the same base (eval.base_cache)
+            result = cached_base_eval(config, lambda: evaluate(policy, config, eval_spec, make_env))
+        else:
+            result = evaluate(policy, config, eval_spec, make_env)
         timers.eval += time.perf_counter() - t
         rd.log(step, "eval", result)
         return result

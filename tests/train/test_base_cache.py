@@ -1,0 +1,38 @@
+"""`eval.base_cache`: runs that start from the same model on the same held-out setting share one base eval."""
+
+import json
+
+import esopt.train.loop as loop
+from esopt.train.config import load_config
+from esopt.train.es import train
+from esopt.train.evaluate import base_eval_key
+
+
+def test_runs_with_one_base_share_its_eval_and_others_do_not(tmp_path, monkeypatch):
+    calls = []
+
+    def counted(*args, _orig=loop.evaluate, **kwargs):
+        calls.append(args[1].algo)
+        return _orig(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", counted)
+    common = ["steps=1", "eval.tasks=3", "eval.every=0", "measure_inference_peak=false", "es.population_size=2",
+              "es.tasks_per_member=2",
+              f"eval.base_cache={tmp_path / 'cache'}"]
+    first = train(load_config("smoke", common), tmp_path / "a", progress=False)
+    assert len(calls) == 2  # base and final
+    # another seed and ES setting, same model / env / sampling / held-out set: the base eval is reused
+    second = train(load_config("smoke", [*common, "seed=5", "es.sigma=0.05"]), tmp_path / "b", progress=False)
+    assert len(calls) == 3 and second["eval_before"] == first["eval_before"]
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    logged = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert logged[0]["kind"] == "eval" and logged[0]["success_rate"] == first["eval_before"]["success_rate"]
+
+
+def test_the_key_ignores_what_cannot_change_the_base_eval():
+    base = load_config("smoke", [])
+    same = [["seed=7"], ["steps=9"], ["es.alpha=0.5"], ["eval.every=3"], ["eval.base_cache=/tmp/x"]]
+    other = [["eval.tasks=5"], ["eval.split=validation"], ["sampling.temperature=0.1"], ["model.seed=3"],
+             ["env.few_shot=1"], ["max_batch_size=2"]]
+    assert all(base_eval_key(load_config("smoke", o)) == base_eval_key(base) for o in same)
+    assert all(base_eval_key(load_config("smoke", o)) != base_eval_key(base) for o in other)
