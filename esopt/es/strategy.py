@@ -29,6 +29,7 @@ from esopt.es.ledger import Ledger
 from esopt.es.perturbation import Perturbation, apply_record, build_perturbation
 from esopt.es.scope import select_parameters
 from esopt.es.shaping import check_rewards, get_shaper
+from esopt.utils.faults import pause_point
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class ES:
         self.on_weights_changed()
         if self.ledger is not None:
             self.ledger.append(record)
+            pause_point("ledger", generation=self.generation)  # tests: kill between the ledger and the rest
         result = TellResult(self.generation, weights, self.sigma, self.alpha, rms, bool(np.all(weights == 0)))
         self.generation += 1
         self._members = None

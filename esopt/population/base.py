@@ -19,6 +19,7 @@ import numpy as np
 from esopt.engines.base import Engine
 from esopt.es import ES, Member
 from esopt.rollout import RolloutSpec, RolloutStats, Trajectory, trajectory_score
+from esopt.utils.faults import pause_point
 from esopt.utils.timers import Timers
 
 
@@ -84,6 +85,7 @@ def run_member(es: ES, engine: Engine, spec: RolloutSpec, make_env: Callable, me
     t0 = time.perf_counter()
     with es.perturbed(member, sigma):
         t1 = time.perf_counter()
+        pause_point("rollout", member=member.index)  # tests: kill a worker while it holds a member
         trajectories, stats = spec.run(engine, make_env, task_seeds, seed=rollout_seed)
         t2 = time.perf_counter()
     if timers is not None:

@@ -8,7 +8,8 @@ rewards and trajectories cross the wire.
 - After `tell`, every replica applies the generation's ledger line itself (`sync`) and reports a checksum of
   its weights; a replica that disagrees with the driver is reported as drifted and replaced.
 - A replica that dies or hangs past `timeout_s` is replaced by a fresh one (base + ledger), and its
-  unfinished members run again: with common random numbers a re-run gives the same episodes.
+  unfinished members run again: with common random numbers a re-run gives the same episodes. A call's
+  time counts from when its replica is up, so a slow start-up (loading, replaying) is not taken for a hang.
 
     distributed: {backend: ray, workers: 2}          # or `esopt train CFG --workers 2`
 """
@@ -115,14 +116,25 @@ class RayEvaluator:
         self.worker_lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
         self.records = list(context.records)
         self.actor_class = ray.remote(num_cpus=1, num_gpus=d.gpus_per_worker, max_restarts=0)(Replica)
+        self.starting: dict = {}  # actor -> a call that returns once its replica is built
         self.actors = [self._new_actor() for _ in range(d.workers)]
         self.replaced = 0
 
     def _new_actor(self):
-        return self.actor_class.remote(self.setup, self.records, self.settings.threads_per_worker)
+        actor = self.actor_class.remote(self.setup, self.records, self.settings.threads_per_worker)
+        self.starting[actor] = actor.checksum.remote()
+        return actor
+
+    def _up(self, actor) -> bool:
+        """The actor's replica is built (or its start-up failed, which its next call reports)."""
+        ready = self.starting.get(actor)
+        if ready is not None and self.ray.wait([ready], timeout=0)[0]:
+            del self.starting[actor]
+        return actor not in self.starting
 
     def _replace(self, actor, why: str) -> object:
         self.ray.kill(actor, no_restart=True)
+        self.starting.pop(actor, None)
         fresh = self._new_actor()
         self.actors[self.actors.index(actor)] = fresh
         self.replaced += 1
@@ -135,16 +147,12 @@ class RayEvaluator:
         """Dynamic dispatch: each idle actor takes the next member; a failed or hung call is re-queued."""
         timeout = self.settings.timeout_s
         todo, results = list(members), {}
-        running: dict = {}  # object ref -> (actor, member, started)
+        running: dict = {}  # object ref -> [actor, member, started (None until the replica is up)]
         idle = list(self.actors)
         while todo or running:
             while todo and idle:
                 actor, member = idle.pop(), todo.pop(0)
-                running[actor.evaluate.remote(member, sigma, task_seeds, rollout_seed, spec)] = (
-                    actor,
-                    member,
-                    time.time(),
-                )
+                running[actor.evaluate.remote(member, sigma, task_seeds, rollout_seed, spec)] = [actor, member, None]
             done, _ = self.ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
                 actor, member, _ = running.pop(ref)
@@ -155,8 +163,11 @@ class RayEvaluator:
                     idle.append(self._replace(actor, f"died while evaluating member {member.index}: "
                                                      f"{type(e).__name__}"))
                     todo.insert(0, member)
-            for ref, (actor, member, started) in list(running.items()):
-                if time.time() - started > timeout:
+            for ref, entry in list(running.items()):
+                actor, member, started = entry
+                if started is None and self._up(actor):
+                    entry[2] = started = time.time()
+                if started is not None and time.time() - started > timeout:
                     running.pop(ref)
                     idle.append(self._replace(actor, f"member {member.index} ran past {timeout:.0f}s"))
                     todo.insert(0, member)

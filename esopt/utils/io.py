@@ -8,6 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from esopt.utils.faults import pause_point
+
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
@@ -44,6 +46,7 @@ def save_pretrained_atomic(model, tokenizer, out: str | Path, extra_files: dict 
                 (tmp / name).write_bytes(content)
             else:
                 (tmp / name).write_text(content, encoding="utf-8")
+        pause_point("save", path=str(out))  # tests: kill with the files written, not yet renamed into place
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)

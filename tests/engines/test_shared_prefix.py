@@ -14,8 +14,9 @@ from esopt.models.tiny import build_tiny_model
 from esopt.rollout import build_markov_prompt, env_examples
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def prompts_and_policy():
+    """A fresh engine per test (the tests toggle its prefix cache and fill its KV store) and 12 prompts."""
     model, tokenizer = build_tiny_model(seed=3)
     policy = HFEngine(model, tokenizer)
     env = make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)

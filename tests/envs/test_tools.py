@@ -3,6 +3,7 @@ scripted oracle policies through the tools, and ES training on both envs from th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import threading
@@ -10,10 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esopt.engines.base import Completion, SamplingParams
+from esopt.engines.hf import HFEngine
 from esopt.envs import DOCQA_ID, MATH_ID, check_env, make_env
 from esopt.envs.docqa import ocr_lines, page_lines, parse_amount
 from esopt.envs.tools import Answer, Malformed, Tool, ToolCall, make_tool, parse_turn
@@ -78,6 +81,11 @@ def test_fuzzed_replies_never_crash_the_parser_or_the_env(parts):
     assert isinstance(parsed, (ToolCall, Answer, Malformed))
     if isinstance(parsed, ToolCall):
         assert set(parsed.arguments) <= set(TOOLS[parsed.name].parameters)
+    if "<" not in text:  # every call and answer form is tagged: prose can only be malformed
+        assert isinstance(parsed, Malformed)
+    # whatever follows, a well-formed answer or call that comes first is the one read
+    assert parse_turn("<answer>7</answer>" + text, TOOLS) == Answer("7")
+    assert parse_turn("<echo>hi</echo>" + text, TOOLS) == ToolCall("echo", {"text": "hi"})
 
 
 @settings(max_examples=60, deadline=None)
@@ -88,6 +96,10 @@ def test_fuzzed_replies_to_docqa_get_feedback(parts):
     env.reset(seed=3)
     obs, reward, terminated, truncated, info = env.step("".join(parts))  # unreadable pages never raise
     assert isinstance(obs, str) and info["action_is_valid"] in (True, False)
+    # no fragment can answer, so the episode goes on unrewarded; an invalid reply is told so
+    assert reward == 0.0 and not terminated and not truncated and not info["is_success"]
+    if not info["action_is_valid"]:
+        assert "invalid reply" in obs
 
 
 # -- the python tool (the sandbox itself: tests/test_sandbox.py)
@@ -304,16 +316,61 @@ def test_config_of_another_env_does_not_inherit_sudoku_kwargs():
 
 
 # -- ES on both envs, from the shipped smoke configs
+class GatedOracle(HFEngine):
+    """The tiny model decides, the oracle writes: a turn gets the scripted oracle's reply when the model, after
+    the prompt's last 64 tokens, puts more weight on token 5 than on token 6, and prose otherwise. A fresh tiny
+    model alone scores 0 on every tool task (it answers ">>>>" to everything), so every ES update would be a
+    zero no-op; here the perturbed weights change which turns the oracle gets, so members score differently
+    and the updates are real. The rewards still come from the env's tools and answer checks (sandboxed
+    python, OCR)."""
+
+    examples = 2  # the smoke configs' few_shot
+
+    def build_prompt(self, messages):
+        return OraclePolicy.build_prompt(self, messages)
+
+    @torch.no_grad()
+    def takes_the_oracle(self, prompt: str) -> bool:
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"][-64:]
+        logits = self.model(torch.tensor([ids])).logits[0, -1]
+        return bool(logits[5] > logits[6])
+
+    def generate(self, prompts, sampling, seed=None, return_logprobs=False, members=None):
+        out = super().generate(prompts, sampling, seed, return_logprobs, members)
+        return [dataclasses.replace(c, text=OraclePolicy.act(self, p.rsplit("[system]", 1)[-1])
+                                    if self.takes_the_oracle(p) else "Thought: no idea.")
+                for p, c in zip(prompts, out)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["math_smoke", "docqa_smoke"])
-def test_es_trains_on_the_tool_envs(config, tmp_path):
+def test_es_trains_on_the_tool_envs(config, tmp_path, monkeypatch, run_weights):
     import json
 
+    import esopt.train.es as es_module
+    from esopt.es import replay
     from esopt.train.config import load_config
     from esopt.train.es import train
 
-    summary = train(load_config(config), tmp_path / "run", progress=False)
+    real_load = es_module.load_model
+
+    def gated(section, env_kwargs=None):
+        engine = real_load(section, env_kwargs)
+        engine.__class__ = GatedOracle
+        return engine
+
+    monkeypatch.setattr(es_module, "load_model", gated)
+    c = load_config(config)
+    summary = train(c, tmp_path / "run", progress=False)
     ledger = [json.loads(x) for x in Path(tmp_path / "run" / "history.jsonl").read_text().splitlines()]
-    assert len(ledger) == 2 and summary is not None
-    assert (tmp_path / "run" / "final").is_dir()
+    assert len(ledger) == 2 and summary["steps_done"] == 2
+    assert any(len(set(r["rewards"])) > 1 for r in ledger), [r["rewards"] for r in ledger]  # members differ
+    assert all(0 <= x <= 1 for r in ledger for x in r["rewards"]) and any(x > 0 for r in ledger for x in r["rewards"])
+    assert any(w != 0 for r in ledger for w in r["weights"])  # so some update is not a zero no-op
+    base = real_load(c.model, c.env.kwargs).model
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    replay(base, tmp_path / "run" / "history.jsonl")
+    final = run_weights(tmp_path / "run")
+    assert all(torch.equal(base.state_dict()[k], v) for k, v in final.items())  # the ledger's updates, bit-exact
+    assert sum(not torch.equal(before[k], v) for k, v in final.items()) > 0  # and they moved the weights
     assert os.path.exists(tmp_path / "run" / "config.yaml")

@@ -283,19 +283,33 @@ def test_history_context_budget_drops_oldest_exchanges(policy):
 def test_stop_strings_cut_text_and_tokens(policy):
     from esopt.engines.base import cut_at_stop
 
-    tok = policy.tokenizer
+    tok = policy.tokenizer  # one character per token: a cut at character k keeps k tokens
     ids = tok("abc STOP def", add_special_tokens=False)["input_ids"]
     done = cut_at_stop(Completion([1], ids, "abc STOP def", [0.0] * len(ids)), ("STOP", "zz"), tok.decode)
     assert done.text == "abc " and tok.decode(done.token_ids) == "abc STOP" and len(done.logprobs) == 8
     untouched = Completion([1], ids, "abc STOP def")
     assert cut_at_stop(untouched, ("nope",), tok.decode) is untouched
-    # through generate: stop at a character the model actually writes
+    # the earliest stop string wins, whatever its place in the list; one at the very start leaves nothing
+    both = cut_at_stop(Completion([1], ids, "abc STOP def"), ("def", "c S"), tok.decode)
+    assert both.text == "ab" and tok.decode(both.token_ids) == "abc S"
+    start = cut_at_stop(Completion([1], ids, "abc STOP def"), ("abc",), tok.decode)
+    assert start.text == "" and tok.decode(start.token_ids) == "abc"
+    # through generate: a two-character stop string the model actually writes; every row is cut just before
+    # its first occurrence (text) and just after it (tokens), rows without it are left whole
     free = policy.generate(["Last guess: 3"] * 4, SAMPLING, seed=7)
-    text = next(c.text for c in free if len(c.text) >= 3)
-    stop = text[2]
+    text = next(c.text for c in free if len(c.text) >= 4)
+    stop = text[2:4]
     cut = policy.generate(["Last guess: 3"] * 4, SamplingParams(1.0, 1.0, 0, 8, stop=(stop,)), seed=7)
+    assert len(cut) == len(free) == 4
     for a, b in zip(free, cut):
-        assert stop not in b.text and a.text.startswith(b.text)
-        assert b.token_ids == a.token_ids[: len(b.token_ids)]
+        chars = [tok.decode([t], skip_special_tokens=True) for t in a.token_ids]  # "" for a special token
+        assert "".join(chars) == a.text and all(len(c) <= 1 for c in chars)
+        at = a.text.find(stop)
+        if at < 0:
+            assert (b.text, b.token_ids) == (a.text, a.token_ids)
+        else:  # tokens up to the one that writes the stop string's last character
+            visible = [k for k, c in enumerate(chars) if c]  # token index of each character of the text
+            assert b.text == a.text[:at] and b.token_ids == a.token_ids[: visible[at + len(stop) - 1] + 1]
+    assert sum(stop in a.text for a in free) >= 1
     with pytest.raises(ValueError, match="stop strings"):
         SamplingParams(stop=("",))

@@ -327,13 +327,62 @@ def test_prompt_over_the_context_length_is_a_clear_400(client, server):
 # --- batching and routing ------------------------------------------------------------------------------------
 
 def test_concurrent_requests_share_batched_generate_calls(server):
-    base, app, _ = server
+    base, app, policy = server
+    prompts = [f"q{i}: {i * 5 % 7} {'y' * (i % 3)}" for i in range(8)]
+    alone = [PolicyReflector(policy, max_new_tokens=6).complete(user(p)) for p in prompts]  # greedy, one by one
+    assert len(set(alone)) >= 6  # the replies tell the prompts apart, so a misrouted one would show
     before = app.state.batcher.batches
-    reflector = HTTPReflector(base, model="tiny", max_tokens=4, timeout_s=30, log=lambda m: None)
+    reflector = HTTPReflector(base, model="tiny", max_tokens=6, timeout_s=30, log=lambda m: None)
     with ThreadPoolExecutor(8) as pool:
-        replies = list(pool.map(lambda i: reflector.complete([{"role": "user", "content": f"q{i}"}]), range(8)))
-    assert all(isinstance(r, str) for r in replies)
-    assert app.state.batcher.batches - before < 8  # some requests were answered together
+        replies = list(pool.map(lambda p: reflector.complete(user(p)), prompts))
+    assert replies == alone  # each request got its own prompt's answer
+    assert app.state.batcher.batches - before <= 8
+
+
+class EchoPolicy:
+    """generate() answers each prompt with its own text reversed (so every row's owner is visible) and records
+    the calls."""
+
+    def __init__(self):
+        from esopt.models.tiny import build_char_tokenizer
+
+        self.tokenizer, self.calls = build_char_tokenizer(), []
+
+    def generate(self, prompts, sampling, seed=None, return_logprobs=False):
+        from esopt.engines.base import Completion
+
+        self.calls.append((list(prompts), sampling.max_new_tokens))
+        out = []
+        for p in prompts:
+            text = p[::-1][: sampling.max_new_tokens]
+            out.append(Completion([0], self.tokenizer(text, add_special_tokens=False)["input_ids"], text))
+        return out
+
+
+def test_requests_waiting_together_share_one_call_and_each_gets_its_own_rows():
+    """The batcher itself, deterministically: jobs already queued when it collects are answered by one
+    `generate` call (or max_batch-row calls), each job's rows are its own, cut to its own max_tokens."""
+    from esopt.serve.batcher import Batcher
+
+    async def scenario(max_batch):
+        policy = EchoPolicy()
+        batcher = Batcher(policy, max_batch=max_batch, wait_s=0.0)
+        jobs = [("abcdef", 6, 1), ("ghijkl", 2, 1), ("mnopqr", 4, 2), ("stuvwx", 5, 1)]  # prompt, max_tokens, n
+        futures = [batcher.enqueue([p], SamplingParams(0, 1, 0, k), None, n) for p, k, n in jobs]
+        while not all(f.done() for f in futures):
+            await batcher._answer(await batcher._collect())
+        replies = [[c.completion.text for c in f.result()] for f in futures]
+        return policy.calls, replies
+
+    want = [["fedcba"], ["lk"], ["rqpo", "rqpo"], ["xwvut"]]  # reversed prompt, cut to the job's max_tokens
+    calls, replies = asyncio.run(scenario(max_batch=32))
+    assert replies == want
+    # max_tokens 6, 4, 5 share a power-of-two range (4-7) and one call, run to the longest; 2 gets its own
+    assert calls == [(["abcdef", "mnopqr", "mnopqr", "stuvwx"], 6), (["ghijkl"], 2)]
+    calls, replies = asyncio.run(scenario(max_batch=3))
+    assert replies == want
+    # the first collect stops at 4 >= 3 rows (stuvwx waits for the next); no call holds more than 3 rows
+    assert calls == [(["abcdef", "mnopqr", "mnopqr"], 6), (["ghijkl"], 2), (["stuvwx"], 5)]
 
 
 def test_64_concurrent_streaming_clients_each_get_their_own_answer(server):

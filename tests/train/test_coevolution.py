@@ -33,10 +33,63 @@ def episode(success: bool) -> Trajectory:
 
 
 def test_gate_accepts_only_a_better_prompt():
-    score = {"current": 0.4, "better": 0.6, "worse": 0.2}.get
-    assert gate(score, "current", "better", margin=0.05)[0] is True
-    assert gate(score, "current", "worse", margin=0.0) == (False, 0.4, 0.2)
+    # binary fractions, so "current + margin" is exact and the boundary case is what it says
+    score = {"current": 0.5, "better": 0.875, "at_margin": 0.75, "inside_margin": 0.625, "worse": 0.25}.get
+    assert gate(score, "current", "better", margin=0.25) == (True, 0.5, 0.875)
+    assert gate(score, "current", "inside_margin", margin=0.25) == (False, 0.5, 0.625)  # better, not by the margin
+    assert gate(score, "current", "at_margin", margin=0.25)[0] is False  # by exactly the margin: not more
+    assert gate(score, "current", "inside_margin", margin=0.0)[0] is True
+    assert gate(score, "current", "worse", margin=0.0) == (False, 0.5, 0.25)
     assert gate(score, "current", "current", margin=0.0)[0] is False  # a tie keeps the current prompt
+
+
+class SkillfulSudoku:
+    """A scripted policy for 4x4 Sudoku with one hole: it fills the hole correctly only when its system prompt
+    holds the skill "fill the hole", and otherwise replies prose (an invalid move)."""
+
+    model = tokenizer = None
+
+    def __init__(self):
+        self.turns = 0
+
+    def build_prompt(self, messages):
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in messages)
+
+    def generate(self, prompts, sampling, seed=None, return_logprobs=False):
+        from esopt.engines.base import Completion
+
+        self.turns += len(prompts)
+        return [Completion([1], [2], self.act(p)) for p in prompts]
+
+    @staticmethod
+    def act(prompt: str) -> str:
+        if "- fill the hole" not in prompt.split("[user]")[0]:
+            return "I am not sure"
+        board = prompt.rsplit("[user] ", 1)[1].splitlines()[:4]
+        r = next(i for i, row in enumerate(board) if "." in row)
+        cells = board[r].split()[1]
+        return f"set {r + 1} {cells.index('.') + 1} {({'1', '2', '3', '4'} - set(cells)).pop()}"
+
+
+def test_the_gate_score_is_the_policys_success_with_that_system_prompt(tmp_path):
+    """The real `prompt_score` (the other tests script it): the unperturbed policy's mean score on
+    `gate_tasks` tasks under the given system prompt; by hand 1.0 with the skill, 0.0 without."""
+    from esopt.train.evaluate import rollout_spec
+    from esopt.train.rundir import RunDir
+    from esopt.train.tasks import env_factory
+
+    config = load_config("smoke", ["env.kwargs.h_star=1", "env.few_shot=0", "prompt.every=1", "prompt.gate_tasks=5",
+                                   "es.reward=success"])
+    make = env_factory(config)
+    policy = SkillfulSudoku()
+    evolution = PromptEvolution(policy, config, RunDir(tmp_path), make, rollout_spec(config, make), 0, False)
+    system = evolution.program.render()
+    # without the skill: 5 tasks x 3 invalid turns (the turn cap is 3 H*); with it: 5 one-move successes
+    assert evolution.prompt_score(system, 1) == 0.0 and policy.turns == 15
+    assert evolution.prompt_score(system + "\n\nSkills:\n- fill the hole", 1) == 1.0 and policy.turns == 20
+    shaped = config.model_copy(update={"es": config.es.model_copy(update={"reward": "shaped"})})
+    evolution.config = shaped  # the gate scores with the run's reward: an invalid first move shapes to 0
+    assert evolution.prompt_score(system, 1) == 0.0
 
 
 def test_untrusted_replies_are_parsed_or_dropped():

@@ -71,17 +71,13 @@ def test_task_seeds_form_contiguous_groups():
     assert config.episodes_per_step == 12
 
 
-def _encoded(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
-
-
-def test_one_update_changes_every_weight_and_lowers_its_loss():
+def test_one_update_changes_every_weight_and_lowers_its_loss(encode):
     model, tok = build_tiny_model(seed=1)
     policy = HFEngine(model, tok)
     config = build_config({"algo": "grpo", "seed": 0, "grpo": {
         "group_size": 2, "lr": 1e-3, "kl_beta": 1e-3, "epochs": 1, "minibatch_size": 64, "micro_batch_size": 4}})
-    p = _encoded(tok, "1 .2\n2 21\nok t3\n>")
-    good, bad = _encoded(tok, "set 1 2 1<eos>"), _encoded(tok, "zzz")
+    p = encode(tok, "1 .2\n2 21\nok t3\n>")
+    good, bad = encode(tok, "set 1 2 1<eos>"), encode(tok, "zzz")
     trajs = [traj(1.0, [(p, good), (p, good)]), traj(0.0, [(p, bad)]),
              traj(0.0, [(p, bad), (p, bad)]), traj(1.0, [(p, good)])]
     algo = GRPO(policy, frozen_copy(model), config)
@@ -101,10 +97,10 @@ def test_one_update_changes_every_weight_and_lowers_its_loss():
     assert all(torch.equal(v, before[k]) for k, v in algo.ref.named_parameters())
 
 
-def test_two_step_train_writes_run_dir_and_resumes(tmp_path):
-    config = build_config({"algo": "grpo", "steps": 2, **TINY,
+def test_two_step_train_writes_run_dir_and_resumes(tmp_path, run_weights, same_state, varied_env_id):
+    config = build_config({"algo": "grpo", "steps": 2, **TINY, "env": {"id": varied_env_id, "kwargs": {}},
                            "grpo": {"tasks_per_step": 2, "group_size": 2, "minibatch_size": 16,
-                                    "micro_batch_size": 16, "reward": "shaped", "lr": 1e-4}})
+                                    "micro_batch_size": 16, "reward": "env", "lr": 1e-4}})
     summary = train(config, tmp_path, progress=False)
     assert summary["steps_done"] == 2 and not summary["interrupted"]
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "final/model.safetensors",
@@ -125,6 +121,17 @@ def test_two_step_train_writes_run_dir_and_resumes(tmp_path):
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
              if json.loads(x)["kind"] == "train"]
     assert steps == [1, 2, 3]
+    # 2 steps + resume = 3 uninterrupted steps: same weights and the same AdamW state (moments, step counts)
+    whole = tmp_path.parent / f"{tmp_path.name}-whole"
+    train(more, whole, progress=False)
+    a, b = run_weights(tmp_path), run_weights(whole)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    resumed_state, whole_state = (torch.load(d / "checkpoints" / "step_000003" / STATE_FILE, weights_only=True)
+                                  for d in (tmp_path, whole))
+    same_state(resumed_state, whole_state, "pg_state")
+    grads = [json.loads(x).get("grad_norm") for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(g > 0 for g in grads if g is not None) and len([g for g in grads if g is not None]) == 3  # real steps
+    assert resumed_state["optimizer"]["adamw"]["state"]  # the moments exist (and are what was compared)
 
 
 def test_malformed_config_is_one_line():

@@ -77,17 +77,13 @@ def test_critic_reads_the_last_prompt_token_only():
     assert (Critic.from_model(model)(b) == 0).all()  # zero-initialised head
 
 
-def _encoded(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
-
-
-def test_one_update_changes_policy_and_critic_and_lowers_its_loss():
+def test_one_update_changes_policy_and_critic_and_lowers_its_loss(encode):
     model, tok = build_tiny_model(seed=1)
     policy = HFEngine(model, tok)
     config = build_config({"algo": "ppo", "ppo": {"lr": 1e-3, "critic_lr": 1e-3, "epochs": 1, "minibatch_size": 64,
                                                   "micro_batch_size": 4}})
-    p = _encoded(tok, "1 .2\n2 21\nok t3\n>")
-    good, bad = _encoded(tok, "set 1 2 1<eos>"), _encoded(tok, "zzz")
+    p = encode(tok, "1 .2\n2 21\nok t3\n>")
+    good, bad = encode(tok, "set 1 2 1<eos>"), encode(tok, "zzz")
     trajs = [make_traj([0.0, 1.0], p, [good, good]), make_traj([0.0], p, [bad]),
              make_traj([0.0, 0.0, 0.0], p, [bad, [], bad]), make_traj([1.0], p, [good])]
     algo = PPO(policy, None, config)
@@ -111,10 +107,10 @@ def test_one_update_changes_policy_and_critic_and_lowers_its_loss():
     assert loss1.item() < loss0.item()
 
 
-def test_two_step_train_writes_run_dir_with_critic_and_resumes(tmp_path):
-    config = build_config({"algo": "ppo", "steps": 2, **TINY,
+def test_two_step_train_writes_run_dir_with_critic_and_resumes(tmp_path, run_weights, same_state, varied_env_id):
+    config = build_config({"algo": "ppo", "steps": 2, **TINY, "env": {"id": varied_env_id, "kwargs": {}},
                            "ppo": {"tasks_per_step": 4, "epochs": 2, "minibatch_size": 16, "micro_batch_size": 16,
-                                   "reward": "shaped", "lr": 1e-4, "critic_lr": 1e-3}})
+                                   "reward": "env", "lr": 1e-4, "critic_lr": 1e-3}})
     summary = train(config, tmp_path, progress=False)
     assert summary["steps_done"] == 2
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "final/model.safetensors",
@@ -127,8 +123,20 @@ def test_two_step_train_writes_run_dir_with_critic_and_resumes(tmp_path):
     for key in ("reward_mean", "reward_std", "success_rate", "loss", "clipfrac", "approx_kl",
                 "explained_variance", "value_loss", "grad_norm", "generated_tokens", "peak_memory_bytes"):
         assert key in train_rows[0], key
-    summary = train(config.model_copy(update={"steps": 3}), tmp_path, resume=True, progress=False)
+    more = config.model_copy(update={"steps": 3})
+    summary = train(more, tmp_path, resume=True, progress=False)
     assert summary["steps_done"] == 3
+    # 2 steps + resume = 3 uninterrupted steps: same policy, same critic, same AdamW state
+    whole = tmp_path.parent / f"{tmp_path.name}-whole"
+    train(more, whole, progress=False)
+    a, b = run_weights(tmp_path), run_weights(whole)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    resumed_state, whole_state = (torch.load(d / "checkpoints" / "step_000003" / STATE_FILE, weights_only=True)
+                                  for d in (tmp_path, whole))
+    same_state(resumed_state, whole_state, "pg_state")
+    grads = [json.loads(x).get("grad_norm") for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(g > 0 for g in grads if g is not None) and len([g for g in grads if g is not None]) == 3  # real steps
+    assert "head.weight" in resumed_state["critic"] and resumed_state["optimizer"]["adamw"]["state"]
 
 
 def test_config_errors_and_shipped_configs():

@@ -16,6 +16,7 @@ from esopt.es import read_history, replay
 from esopt.train.config import ConfigError, build_config, load_config
 from esopt.train.es import train
 from esopt.train.models import load_model
+from esopt.train.rundir import RunDir
 
 TINY = [
     "steps=2",
@@ -93,38 +94,72 @@ def test_two_generation_run_writes_every_artefact_and_replays_bit_exact(tmp_path
     torch.testing.assert_close(fresh, here, rtol=1e-5, atol=1e-5)
 
 
-def _cli_train(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "esopt.cli", "train", *args, "--no-progress"], env=ENV,
+def _cli_train(*args, env=None, **kw):
+    return subprocess.Popen([sys.executable, "-m", "esopt.cli", "train", *args, "--no-progress"], env=env or ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _parked_at(point: str, pause_dir: Path, *args) -> subprocess.Popen:
+    """Start `esopt train ARGS` so that it waits at the named pause point (`esopt.utils.faults`)."""
+    pause_dir.mkdir()
+    return _cli_train(*args, env={**ENV, "ESOPT_PAUSE_AT": point, "ESOPT_PAUSE_DIR": str(pause_dir)})
+
+
+def _kill_when_parked(proc: subprocess.Popen, point: str, pause_dir: Path) -> dict:
+    """Once `proc` reports it waits at `point`, SIGKILL it; returns what the point reported."""
+    reached = pause_dir / f"{point.split('@')[0]}.reached"
+    deadline = time.time() + 300
+    while not reached.exists():  # a file handshake: the run is parked at the point once this exists
+        assert proc.poll() is None, f"the run ended before reaching {point}: {proc.stderr.read()[-2000:]}"
+        assert time.time() < deadline, f"{point} not reached in 300 s"
+        time.sleep(0.02)
+    info = json.loads(reached.read_text())
+    assert info["pid"] == proc.pid
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    return info
+
+
+def _kill_at(point: str, pause_dir: Path, *args) -> dict:
+    return _kill_when_parked(_parked_at(point, pause_dir, *args), point, pause_dir)
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
+    """Killed (SIGKILL) at three named points of one 4-generation run, resumed after each: the weights and the
+    ledger equal an uninterrupted run's bit for bit. The points: mid-rollout with the weights perturbed
+    (generation 2), just after a ledger line is written but before its metrics row and checkpoint (generation
+    2), and with the last checkpoint's files written but not yet renamed into place (generation 4)."""
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("algo: es\n")
     overrides = [o for o in TINY if not o.startswith(("steps=", "checkpoint_every="))] + [
         "steps=4", "checkpoint_every=2", "eval.every=0"]
-    ref = _cli_train(str(cfg), "--out", str(tmp_path / "ref"), *overrides)
-    killed = _cli_train(str(cfg), "--out", str(tmp_path / "killed"), *overrides)
-    history = tmp_path / "killed" / "history.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and killed.poll() is None:
-        if history.exists() and history.read_text().count("\n") >= 3:
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)  # land somewhere inside generation 4 (or its bookkeeping)
-    assert killed.poll() is None, "the run ended before it could be killed"
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    assert not (tmp_path / "killed" / "final").exists()
-    resumed = _cli_train("--resume", str(tmp_path / "killed"))
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
-    assert ref.wait(timeout=300) == 0, ref.stderr.read()
-    a, b = weights(tmp_path / "ref"), weights(tmp_path / "killed")
+    run = tmp_path / "killed"
+    lines = lambda: len(read_history(run / "history.jsonl"))  # noqa: E731
+
+    # 1. the 7th member rollout of the process: generation 2's third member, its noise in the weights (the
+    # uninterrupted reference runs here meanwhile; the other process waits at the point until it is killed)
+    first = _parked_at("rollout@7", tmp_path / "p1", str(cfg), "--out", str(run), *overrides)
+    train(build_config({"algo": "es"}, overrides), tmp_path / "ref", progress=False)
+    info = _kill_when_parked(first, "rollout@7", tmp_path / "p1")
+    assert info["member"] == 2 and lines() == 1 and not (run / "checkpoints").exists()
+    # 2. resumed at generation 2: killed right after its ledger line, before its metrics row and the checkpoint
+    _kill_at("ledger@1", tmp_path / "p2", "--resume", str(run))
+    assert lines() == 2 and not (run / "checkpoints" / "step_000002").exists()
+    assert [r["step"] for r in RunDir(run, create=False).metrics() if r["kind"] == "train"] == [1]
+    # 3. resumed at generation 3 (generation 2 replayed from the ledger): killed inside the step-4 checkpoint
+    info = _kill_at("save@1", tmp_path / "p3", "--resume", str(run))
+    assert info["path"] == str(run / "checkpoints" / "step_000004") and lines() == 4
+    assert not (run / "checkpoints" / "step_000004").exists() and not (run / "final").exists()
+
+    summary = train(load_config(run / "config.yaml"), run, resume=True, progress=False)
+    assert summary["steps_done"] == 4 and not summary["interrupted"]
+    a, b = weights(tmp_path / "ref"), weights(run)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    assert len(read_history(tmp_path / "killed" / "history.jsonl")) == 4
+    assert read_history(run / "history.jsonl") == read_history(tmp_path / "ref" / "history.jsonl")
+    assert any(any(w != 0 for w in r["weights"]) for r in read_history(run / "history.jsonl"))  # real updates
 
 
 @pytest.mark.parametrize(
