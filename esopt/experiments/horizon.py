@@ -97,6 +97,15 @@ PRESETS: dict[str, dict] = {
                 eval_tasks=32, eval_every=2, warm_start_steps=800, measure_inference_peak=True, isolate=True),
     "smoke": dict(h_stars=[1, 2], seeds=[0], steps=2, episodes_per_step=8, population=4, group_size=4,
                   eval_tasks=4, eval_every=0, warm_start_steps=60, measure_inference_peak=False, isolate=False),
+    # SmolLM2 on the setting calibrated in results/horizon_pretrained.md (validation split): 4x4 boards, each
+    # empty cell listed with its candidate digits, two worked examples that each show a whole solved episode;
+    # base success 0.36 / 0.23 / 0.00 at H* 1 / 2 / 4 (greedy). Sampling at T=0.3 for every method (GRPO's
+    # groups need diverse rollouts), top-p 1, top-k 0. Sized for a multi-hour CPU run in the background.
+    "smollm2": dict(h_stars=[1, 2, 4], seeds=[0, 1, 2], steps=8, episodes_per_step=32, population=8,
+                    group_size=4, eval_tasks=512, eval_every=4, warm_start_steps=0, measure_inference_peak=True,
+                    isolate=True, model="smollm2", temperature=0.3,
+                    overrides=["env.kwargs.hints=candidates", "env.kwargs.examples=episode", "env.few_shot=2",
+                               "sampling.top_p=1.0", "sampling.top_k=0"]),
 }
 
 
@@ -288,10 +297,12 @@ def report(plan: Plan, results: list[RunResult]) -> str:
     m_eps = plan.episodes_per_step
     lines = [
         f"# Horizon benchmark: ES vs GRPO vs PPO on {plan.size}x{plan.size} Sudoku", "",
-        f"Model `tiny-sudoku` (warm start {plan.warm_start_steps} steps); H* {plan.h_stars}; seeds {plan.seeds}; "
+        (f"Model `tiny-sudoku` (warm start {plan.warm_start_steps} steps)" if plan.model == "tiny-sudoku"
+         else f"Model `{plan.model}`") + f"; H* {plan.h_stars}; seeds {plan.seeds}; "
         f"{plan.steps} steps; **{m_eps} episodes per step for every method** (ES: {plan.population} members x "
         f"{m_eps // plan.population} tasks, antithetic; GRPO: {m_eps // plan.group_size} tasks x group "
-        f"{plan.group_size}; PPO: {m_eps} tasks); sampling T={plan.temperature}, top-p 0.8, top-k 20, "
+        f"{plan.group_size}; PPO: {m_eps} tasks); sampling T={plan.temperature}, top-p 0.8, top-k 20 (unless "
+        "overridden below), "
         f"max {plan.max_new_tokens} new tokens; training score `{plan.reward}`; held-out eval {plan.eval_tasks} "
         f"tasks, binary success, every {plan.eval_every} steps. Hyper-parameters: {json.dumps(HPARAMS)}"
         + (f"; overrides {plan.overrides}" if plan.overrides else "") + ".", "",
@@ -412,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="esopt bench horizon", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
-                   help="cpu: the ~45-minute CPU default; smoke: a seconds-long check (tests)")
+                   help="cpu: the ~45-minute CPU default (tiny model); smollm2: the pretrained model on its "
+                        "calibrated setting (hours); smoke: a seconds-long check (tests)")
     p.add_argument("--size", default=None,
                    help="board size 4 (default) or 6; 'smoke'/'cpu' are accepted as aliases of --preset")
     p.add_argument("--methods", nargs="+", choices=METHODS)
@@ -428,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, help="eval every k steps (0: only first and last)")
     p.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny-sudoku warm start")
     p.add_argument("--reward", choices=["success", "shaped", "env"], help="training score of every method")
+    p.add_argument("--temperature", type=float, help="sampling temperature of every method's rollouts and evals")
     p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
                    help="config overrides; es./grpo./ppo. keys go to that method only, others to all")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
@@ -455,8 +468,9 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
               "episodes_per_step": args.episodes_per_step, "population": args.population,
               "group_size": args.group_size, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
               "warm_start_steps": args.warm_start_steps, "reward": args.reward, "isolate": args.isolate,
-              "model": args.model}
-    plan = replace(plan, **{k: v for k, v in fields.items() if v is not None}, overrides=list(args.overrides))
+              "model": args.model, "temperature": args.temperature}
+    plan = replace(plan, **{k: v for k, v in fields.items() if v is not None},
+                   overrides=[*plan.overrides, *args.overrides])  # the preset's, then the command line's
     if args.no_memory_probe:
         plan.measure_inference_peak = False
     plan.check()

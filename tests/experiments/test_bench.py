@@ -235,3 +235,17 @@ def test_flops_per_token_count_the_update_passes():
     factors = {m: horizon.flops_per_token_param(horizon.run_config(plan, m, 2, 0)) for m in horizon.METHODS}
     # ES: a forward pass per token; GRPO: + 1 epoch fwd+bwd (6) + KL reference (2); PPO: + 3 epochs + reference
     assert factors == {"es": 2.0, "grpo": 2.0 + 6.0 + 2.0, "ppo": 2.0 + 18.0 + 2.0}
+
+
+def test_smollm2_preset_carries_the_calibrated_setting_to_every_method():
+    parse = horizon.build_parser().parse_args
+    plan = horizon.plan_from_args(parse(["--preset", "smollm2", "--h-stars", "2", "--set", "env.few_shot=1"]))
+    configs = {m: horizon.run_config(plan, m, 2, 0) for m in horizon.METHODS}
+    for config in configs.values():
+        kwargs = config.env.kwargs
+        assert (kwargs["hints"], kwargs["examples"], kwargs["h_star"]) == ("candidates", "episode", 2)
+        assert config.env.few_shot == 1  # the command line's override comes after the preset's
+        assert (config.sampling.temperature, config.sampling.top_p, config.sampling.top_k) == (0.3, 1.0, 0)
+        assert config.model.name == "smollm2" and config.episodes_per_step == 32
+    assert horizon.PRESETS["smollm2"]["overrides"][-1] == "sampling.top_k=0"  # the preset itself is not mutated
+    assert horizon.plan_from_args(parse(["--preset", "smoke", "--temperature", "0.2"])).temperature == 0.2
