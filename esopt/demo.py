@@ -1,7 +1,8 @@
 """`esopt demo` / `make demo`: ES fine-tunes an agent and shows before/after on held-out puzzles.
 
-Default: SmolLM2-135M-Instruct (pretrained, bf16, all parameters) on 4x4 Sudoku with few-shot prompts
-(`configs/demo.yaml`), where ES raised held-out test success in 3 of 3 seeds (results/pretrained_gain.md).
+Default: SmolLM2-135M-Instruct (pretrained, bf16 where the CPU has it, all parameters) on 4x4 Sudoku with
+few-shot prompts (`configs/demo.yaml`), where ES raised held-out test success in 3 of 3 seeds on one machine
+(results/pretrained_gain.md; not significant on a fresh clone elsewhere, issue 21).
 `--tiny`: the warm-started 1M-parameter Llama (`configs/demo_tiny.yaml`): the machinery only, no gain
 (results/es_step_probe.md). `--quick` shrinks either to about a minute (smoke tests).
 """
@@ -54,7 +55,8 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = Fa
     if out.exists():
         shutil.rmtree(out)  # the demo always starts fresh; `esopt train` never overwrites a run
     env = config.env.kwargs
-    model = "a warm-started tiny Llama (~1M params)" if tiny else "SmolLM2-135M-Instruct (pretrained, bf16)"
+    model = ("a warm-started tiny Llama (~1M params)" if tiny
+             else f"SmolLM2-135M-Instruct (pretrained, {config.model.resolved_dtype})")
     print(f"agentic-esopt demo: ES fine-tuning of {model} on {env['size']}x{env['size']} Sudoku, H*={env['h_star']}, "
           f"T={config.sampling.temperature}, {config.steps} generations x {config.es.population_size} members x "
           f"{config.es.tasks_per_member} tasks")
