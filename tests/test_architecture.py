@@ -17,7 +17,7 @@ LAYERS: dict[str, int] = {
     "es": 1, "sandbox": 1,
     "engines": 2, "envs": 2,
     "models": 3, "rollout": 3,
-    "population": 4, "prompt": 4, "testtime": 4,
+    "population": 4, "prompt": 4, "testtime": 4, "search": 4,
     "train": 5,
     "serve": 6,
     "experiments": 7, "demo": 7,

@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu": "esopt.experiments.gpu",
     "sandbox": "esopt.experiments.sandbox_overhead",  # per-call cost of each sandbox backend
     "serve": "esopt.experiments.serve_throughput",  # esopt serve at 1, 8 and 64 concurrent clients
+    "heuristics": "esopt.experiments.heuristics",  # EoH + ES vs frozen / best-T / noise-only arms
 }
 ANALYSES: dict[str, str] = {
     "variance": "esopt.experiments.variance",
