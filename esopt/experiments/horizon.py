@@ -290,6 +290,28 @@ def paired_lines(plan: Plan, results: list[RunResult]) -> list[str]:
     return lines
 
 
+def time_lines(plan: Plan, by: dict, methods: list[str]) -> list[str]:
+    """Table 2's time part: seconds, tokens and estimated model FLOPs per step, per H* and method."""
+    lines = ["", "## Time and tokens per step (mean over seeds)", "",
+             "| H* | method | s/step (training) | s/step (incl. evals) | generated tokens/step | prompt tokens/step "
+             "| est. TFLOP/step | episodes/step | run wall-clock (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    for h in plan.h_stars:
+        for m in methods:
+            rs = by[(m, h)]
+            if not rs:
+                continue
+            sec = _mean([_mean([row["seconds"] for row in r.train_rows]) for r in rs])
+            tok = _mean([_mean([row["generated_tokens"] for row in r.train_rows]) for r in rs])
+            ptok = _mean([_mean([row.get("prompt_tokens", math.nan) for row in r.train_rows]) for r in rs])
+            flop = _mean([r.flops_per_token_param * r.summary.get("parameters", math.nan) for r in rs]) * (tok + ptok)
+            wall = [r.wall_seconds for r in rs if r.wall_seconds is not None]
+            wall_s = f"{_mean(wall):.0f}" if wall else "n/a"
+            eps = ", ".join(str(x) for x in sorted({r.episodes_per_step for r in rs}))
+            lines.append(f"| {h} | {LABELS[m]} | {sec:.1f} | {_mean([r.summary['seconds_per_step'] for r in rs]):.1f}"
+                         f" | {tok:.0f} | {ptok:.0f} | {flop / 1e12:.3g} | {eps} | {wall_s} |")
+    return lines
+
+
 def report(plan: Plan, results: list[RunResult]) -> str:
     """The markdown of horizon.md (tables only; the curves are horizon.png)."""
     methods = [m for m in plan.methods if any(r.method == m for r in results)]
@@ -350,23 +372,7 @@ def report(plan: Plan, results: list[RunResult]) -> str:
         lines += ["", "Inference-only: the same model rolling out one step's batch alone (ES: one member's "
                   f"{m_eps // plan.population} tasks; GRPO/PPO: all {m_eps}), in a fresh process."]
 
-    lines += ["", "## Time and tokens per step (mean over seeds)", "",
-              "| H* | method | s/step (training) | s/step (incl. evals) | generated tokens/step | prompt tokens/step "
-              "| est. TFLOP/step | episodes/step | run wall-clock (s) |", "|---|---|---|---|---|---|---|---|---|"]
-    for h in plan.h_stars:
-        for m in methods:
-            rs = by[(m, h)]
-            if not rs:
-                continue
-            sec = _mean([_mean([row["seconds"] for row in r.train_rows]) for r in rs])
-            tok = _mean([_mean([row["generated_tokens"] for row in r.train_rows]) for r in rs])
-            ptok = _mean([_mean([row.get("prompt_tokens", math.nan) for row in r.train_rows]) for r in rs])
-            flop = _mean([r.flops_per_token_param * r.summary.get("parameters", math.nan) for r in rs]) * (tok + ptok)
-            wall = [r.wall_seconds for r in rs if r.wall_seconds is not None]
-            wall_s = f"{_mean(wall):.0f}" if wall else "n/a"
-            eps = ", ".join(str(x) for x in sorted({r.episodes_per_step for r in rs}))
-            lines.append(f"| {h} | {LABELS[m]} | {sec:.1f} | {_mean([r.summary['seconds_per_step'] for r in rs]):.1f}"
-                         f" | {tok:.0f} | {ptok:.0f} | {flop / 1e12:.3g} | {eps} | {wall_s} |")
+    lines += time_lines(plan, by, methods)
     lines += ["", "Estimated model FLOPs per step: (prompt + generated tokens) x parameters x 2 for the rollout "
               "(no credit for shared-prefix reuse), plus 6 per epoch (forward and backward over every turn's "
               "prompt and reply) and 2 for a KL reference, for GRPO and PPO.", "",

@@ -218,18 +218,23 @@ def _seeds(*key: int, n: int) -> list[int]:
     return [int(s) for s in np.random.default_rng([*key, 29]).integers(0, 2**31, size=n)]
 
 
+def fixed_model(setup: Setup):
+    """The model the analysis measures (never updated): the tiny warm start or SmolLM2."""
+    from esopt.train.config import ModelSection
+    from esopt.train.models import load_model
+
+    warm = {"warm_start_steps": setup.warm_start_steps} if setup.model == "tiny-sudoku" else {}
+    return load_model(ModelSection(name=setup.model, **warm), {"size": setup.size})
+
+
 def measure(setup: Setup, progress: bool = True) -> dict:
     """Run the analysis; returns {"setup", "rows": [per (method, H*)], "fits": {method: {...}}}."""
     from esopt.envs import make_env
     from esopt.es import ES, ESConfig, ParamScope, select_parameters
     from esopt.rollout import env_examples, run_episodes, trajectory_score
-    from esopt.train.config import ModelSection
-    from esopt.train.models import load_model
 
     setup.check()
-    model = ModelSection(name=setup.model, **({"warm_start_steps": setup.warm_start_steps}
-                                              if setup.model == "tiny-sudoku" else {}))
-    policy = load_model(model, {"size": setup.size})
+    policy = fixed_model(setup)
     params = select_parameters(policy.model, ParamScope())
     dim = sum(p.numel() for _, p in params)
     sampling = SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens)

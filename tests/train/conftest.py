@@ -3,8 +3,11 @@ so that even a fresh random tiny model gets rewards that differ within a group: 
 then real (non-zero advantages, a critic with something to fit), which resume tests need to tell a restored
 optimizer from a fresh one."""
 
+import json
+
 import gymnasium
 import pytest
+import torch
 
 from esopt.envs.base import AgentEnv
 from esopt.envs.text_space import FreeText, ascii_text_space
@@ -37,3 +40,27 @@ def varied_env_id() -> str:
     if VARIED_ID not in gymnasium.registry:
         gymnasium.register(VARIED_ID, entry_point=CharVarietyEnv)
     return VARIED_ID
+
+
+@pytest.fixture
+def resumed_like_uninterrupted(run_weights, same_state):
+    """check(run, config, train) for a run resumed to `config.steps`: an uninterrupted run of `config` beside
+    it must end with the same weights and the same optimizer (and critic) state, bit for bit, after real
+    updates (every step's grad norm > 0). Returns the resumed run's final trainer state."""
+    from esopt.train.pg import STATE_FILE
+
+    def check(run, config, train):
+        whole = run.parent / f"{run.name}-whole"
+        train(config, whole, progress=False)
+        a, b = run_weights(run), run_weights(whole)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        last = f"step_{config.steps:06d}"
+        resumed, uninterrupted = (torch.load(d / "checkpoints" / last / STATE_FILE, weights_only=True)
+                                  for d in (run, whole))
+        same_state(resumed, uninterrupted, "pg_state")
+        grads = [json.loads(x).get("grad_norm") for x in (run / "metrics.jsonl").read_text().splitlines()]
+        grads = [g for g in grads if g is not None]
+        assert len(grads) == config.steps and all(g > 0 for g in grads)  # real steps, not zero no-ops
+        return resumed
+
+    return check
