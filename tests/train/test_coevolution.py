@@ -71,7 +71,7 @@ class SkillfulSudoku:
         return f"set {r + 1} {cells.index('.') + 1} {({'1', '2', '3', '4'} - set(cells)).pop()}"
 
 
-def test_the_gate_score_is_the_policys_success_with_that_system_prompt(tmp_path):
+def test_the_gate_score_is_the_policys_success_with_that_system_prompt(tmp_path, monkeypatch):
     """The real `prompt_score` (the other tests script it): the unperturbed policy's mean score on
     `gate_tasks` tasks under the given system prompt; by hand 1.0 with the skill, 0.0 without."""
     from esopt.train.evaluate import rollout_spec
@@ -90,6 +90,17 @@ def test_the_gate_score_is_the_policys_success_with_that_system_prompt(tmp_path)
     shaped = config.model_copy(update={"es": config.es.model_copy(update={"reward": "shaped"})})
     evolution.config = shaped  # the gate scores with the run's reward: an invalid first move shapes to 0
     assert evolution.prompt_score(system, 1) == 0.0
+    # the gate's tasks are its own: not the training tasks the skills were distilled from (generation 0's
+    # trajectories feed the prompt step after it, numbered 1), nor those of the generation that follows
+    from esopt.rollout import RolloutSpec
+    from esopt.train.es import generation_tasks
+
+    seen, run = [], RolloutSpec.run
+    monkeypatch.setattr(RolloutSpec, "run", lambda self, policy, make, tasks, seed, **kw: (
+        seen.append(list(tasks)), run(self, policy, make, tasks, seed, **kw))[1])
+    evolution.prompt_score(system, 1)
+    assert len(seen) == 1 and len(set(seen[0])) == 5
+    assert not set(seen[0]) & (set(generation_tasks(config, 0)) | set(generation_tasks(config, 1)))
 
 
 def test_untrusted_replies_are_parsed_or_dropped():
