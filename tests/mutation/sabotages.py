@@ -26,6 +26,7 @@ PG = ("tests/train/test_pg.py", "tests/train/test_grpo.py::test_group_zscore_by_
       "tests/train/test_ppo.py::test_one_update_changes_policy_and_critic_and_lowers_its_loss")
 GATE = ("tests/train/test_coevolution.py",)
 BATCH = ("tests/serve/test_serve.py::test_requests_waiting_together_share_one_call_and_each_gets_its_own_rows",
+         "tests/serve/test_serve.py::test_a_call_never_exceeds_max_batch_and_seeded_sampled_requests_run_alone",
          "tests/serve/test_serve.py::test_concurrent_requests_share_batched_generate_calls",
          "tests/serve/test_serve.py::test_64_concurrent_streaming_clients_each_get_their_own_answer",
          "tests/serve/test_serve.py::test_stop_strings_cut_the_reply",

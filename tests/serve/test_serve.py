@@ -385,6 +385,27 @@ def test_requests_waiting_together_share_one_call_and_each_gets_its_own_rows():
     assert calls == [(["abcdef", "mnopqr", "mnopqr"], 6), (["ghijkl"], 2), (["stuvwx"], 5)]
 
 
+def test_a_call_never_exceeds_max_batch_and_seeded_sampled_requests_run_alone():
+    """Jobs of one key that a collect took together are split when they would exceed `max_batch` rows; a
+    seeded sampled request always gets its own call (its rows must not depend on who else is waiting)."""
+    from esopt.serve.batcher import Batcher
+
+    async def scenario(jobs, max_batch):
+        policy = EchoPolicy()
+        batcher = Batcher(policy, max_batch=max_batch, wait_s=0.0)
+        futures = [batcher.enqueue([p], sampling, seed, n) for p, sampling, seed, n in jobs]
+        while not all(f.done() for f in futures):
+            await batcher._answer(await batcher._collect())
+        return policy.calls, [[c.completion.text for c in f.result()] for f in futures]
+
+    greedy = SamplingParams(0, 1, 0, 2)
+    calls, replies = asyncio.run(scenario([("ab", greedy, None, 1), ("cd", greedy, None, 2)], max_batch=2))
+    assert calls == [(["ab"], 2), (["cd", "cd"], 2)] and replies == [["ba"], ["dc", "dc"]]
+    sampled = SamplingParams(0.7, 1, 0, 2)
+    calls, _ = asyncio.run(scenario([("ab", sampled, 1, 1), ("cd", sampled, 2, 1), ("ef", sampled, 1, 1)], 32))
+    assert sorted(calls) == [(["ab"], 2), (["cd"], 2), (["ef"], 2)]
+
+
 def test_64_concurrent_streaming_clients_each_get_their_own_answer(server):
     base, app, _ = server
     prompts = [f"client {i}: {i * 7 % 13} {'x' * (i % 5)}" for i in range(64)]
