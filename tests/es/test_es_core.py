@@ -222,6 +222,26 @@ def test_torn_last_ledger_line_is_ignored(tmp_path):
     assert len(read_history(path)) == 2
 
 
+def test_a_damaged_ledger_is_refused_not_replayed(tmp_path):
+    """Only a torn *last* line is an interrupted write; a corrupt line inside, generations out of order, or a
+    noise spec that changes mid-run mean the ledger is not what the run did: reading or replaying it fails."""
+    import json
+
+    path = tmp_path / "h.jsonl"
+    train_with_ledger(small_net(), path, generations=3)
+    lines = path.read_text().splitlines()
+    (tmp_path / "middle.jsonl").write_text("\n".join([lines[0], lines[1][:20], lines[2]]) + "\n")
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        read_history(tmp_path / "middle.jsonl")
+    (tmp_path / "order.jsonl").write_text("\n".join([lines[0], lines[2], lines[1]]) + "\n")
+    with pytest.raises(ValueError, match="line 2 has generation 2, expected 1"):
+        read_history(tmp_path / "order.jsonl")
+    records = [json.loads(x) for x in lines]
+    records[2]["noise"] = {**records[2]["noise"], "version": records[2]["noise"]["version"] + 1}
+    with pytest.raises(ValueError, match="generation 2 changed the noise spec"):
+        replay(small_net(), records)
+
+
 def test_update_matches_formula():
     model = Vec(torch.zeros(50))
     es = ES(model, ESConfig(population_size=3, sigma=0.1, alpha=0.3, shaping="identity"))
