@@ -252,6 +252,17 @@ def test_update_matches_formula():
     torch.testing.assert_close(model.x.detach(), expected)
 
 
+def test_update_with_weight_decay_matches_formula():
+    """theta <- theta * (1 - alpha * weight_decay) + alpha / N * sum_i w_i eps_i (decoupled, AdamW-style)."""
+    model = Vec(torch.full((50,), 2.0))
+    es = ES(model, ESConfig(population_size=3, sigma=0.1, alpha=0.3, shaping="identity", weight_decay=0.1))
+    members = es.ask()
+    es.tell([1.0, -2.0, 0.5])
+    src = NoiseSource()
+    step = sum(w * src.full(m.seed, "x", (50,)) for w, m in zip([1.0, -2.0, 0.5], members)) * 0.3 / 3
+    torch.testing.assert_close(model.x.detach(), 2.0 * (1 - 0.3 * 0.1) + step)
+
+
 def test_combine_is_the_update_direction():
     model = Vec(torch.zeros(50))
     es = ES(model, ESConfig(population_size=3, sigma=0.1, alpha=0.3, shaping="identity"))
