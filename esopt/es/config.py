@@ -38,8 +38,10 @@ class ESConfig(BaseModel):
     noise_others: Literal["frozen", "full"] = Field(
         "frozen", description="lowrank: non-matrix parameters (norms, biases) frozen or dense Gaussian"
     )
-    restore: Literal["exact", "subtract"] = Field(
-        "exact", description="exact: fp32 master copy; subtract: no copy, drifts")
+    restore: Literal["auto", "none", "exact", "subtract"] = Field(
+        "auto", description="exact: fp32 master copy; subtract: no copy, drifts; none: no master, exact fp32 "
+        "updates (bf16 keeps int16 low bits), an in-place member restored from a copy held while it is applied; "
+        "auto: exact, or none for a batched population (whose members never touch the weights)")
     master_device: str = "cpu"
     chunk_numel: int = Field(DEFAULT_CHUNK_NUMEL, ge=1, description="noise chunk size, part of the noise spec")
     seed: int = 0

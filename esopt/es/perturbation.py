@@ -14,6 +14,15 @@ Restore modes:
   copy of the parameters in host memory. Default: resume, replay and bf16 training are exact with it.
 - "subtract": regenerate the noise and subtract it. No extra copy (true inference-level memory), but
   theta + d - d != theta in floating point: fp32 drifts ~1e-7 per cycle, bf16 far more.
+- "none": members are never written into the weights (a batched population adds each row's low-rank term in
+  the forward pass, `batched.py`), so nothing is restored and no master is kept; updates stay exact fp32
+  accumulation. fp32 weights are updated in place (they are their own fp32 value). A bf16 weight keeps the
+  low 16 bits of its fp32 value beside it, an int16 tensor on `master_device` (half a master's memory):
+  bits(fp32) = bits(bf16) * 2^16 + low, low in [-2^15, 2^15), so the bf16 compute weight is the fp32 value
+  rounded to nearest (ties away from zero; the master's copy rounds ties to even, the only difference) and
+  the fp32 value is the one an fp32 master would hold, bit for bit (`split_fp32`/`join_bf16`). fp16 weights
+  are refused (fp16 is no top half of an fp32): use "exact". A member written into the weights anyway (an
+  analysis, a test) is restored exactly from a copy of the weights held only while it is applied (`hold`).
 """
 
 from __future__ import annotations
@@ -28,6 +37,34 @@ from esopt.es.kinds import DEFAULT_CHUNK_NUMEL, PERTURBATIONS, perturbation_clas
 from esopt.es.noise import NoiseSource
 
 Params = Sequence[tuple[str, torch.nn.Parameter]]
+RESTORE_MODES = ("exact", "subtract", "none")
+_HALF = 1 << 16  # bits(fp32) = bits(bf16) * _HALF + low bits
+
+
+def split_fp32(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An fp32 tensor as (bf16, int16 low bits) that hold it exactly: bf16 = value rounded to nearest (ties away
+    from zero), bits(value) = bits(bf16) * 2^16 + low. Integer floor division is the arithmetic shift, and no
+    step overflows int32 for finite values."""
+    bits = value.view(torch.int32)
+    high = torch.div(bits, _HALF, rounding_mode="floor")  # the top 16 bits: the value truncated to bf16
+    low = bits - high * _HALF  # in [0, 2^16)
+    up = (low >= _HALF // 2).to(torch.int32)  # past half a bf16 ulp: round the magnitude up, carry a negative rest
+    return (high + up).to(torch.int16).view(torch.bfloat16), (low - up * _HALF).to(torch.int16)
+
+
+def join_bf16(weights: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """The fp32 tensor `split_fp32` split into bf16 `weights` and `low` bits (a new tensor)."""
+    return (weights.view(torch.int16).to(torch.int32) * _HALF + low.to(torch.int32)).view(torch.float32)
+
+
+def low_bits_for(p: torch.Tensor, name: str, device: str) -> torch.Tensor | None:
+    """Restore "none": what exact fp32 accumulation needs beside weight `p` (None: fp32 weights need nothing)."""
+    if p.dtype == torch.float32:
+        return None
+    if p.dtype == torch.bfloat16:
+        return torch.zeros(p.numel(), dtype=torch.int16, device=device)  # a bf16 weight is an fp32 value exactly
+    raise ValueError(f"restore 'none' keeps exact fp32 values of fp32 and bf16 weights only; {name} is {p.dtype} "
+                     "(use restore: exact)")
 
 
 class Perturbation:
@@ -40,8 +77,9 @@ class Perturbation:
     version: ClassVar[int] = 1
 
     def __init__(self, params: Params, spec: dict, restore: str = "exact", master_device: str = "cpu"):
-        if restore not in ("exact", "subtract"):
-            raise ValueError(f"restore must be 'exact' or 'subtract', got {restore!r}")
+        restore = "exact" if restore == "auto" else restore  # ESConfig's default; a batched run resolves it to none
+        if restore not in RESTORE_MODES:
+            raise ValueError(f"restore must be one of {RESTORE_MODES}, got {restore!r}")
         check_spec(spec, type(self))
         self.params = list(params)
         # CUDA and CPU generators give different numbers for one seed: the spec records where noise is
@@ -55,8 +93,13 @@ class Perturbation:
         self.restore_mode = restore
         self.noise = NoiseSource(int(spec["chunk_numel"]))
         self.masters: list[torch.Tensor] | None = None
+        self.low_bits: list[torch.Tensor | None] | None = None  # restore "none" (see the module docstring)
+        self.held: list[torch.Tensor] | None = None  # restore "none": the weights while a member is applied
+        self.master_device = master_device
         if restore == "exact":
             self.masters = [p.detach().to(master_device, torch.float32, copy=True).view(-1) for _, p in self.params]
+        elif restore == "none":
+            self.low_bits = [low_bits_for(p, name, master_device) for name, p in self.params]
 
     @classmethod
     def make_spec(cls, chunk_numel: int = DEFAULT_CHUNK_NUMEL, **options) -> dict:
@@ -74,7 +117,12 @@ class Perturbation:
     @torch.no_grad()
     def restore(self, seed: int, scale: float, upto: int | None = None) -> None:
         """Undo perturb(seed, scale) on the first `upto` tensors (all by default): copy the fp32 master back
-        (exact), or perturb by -scale (subtract mode)."""
+        (exact), the weights `hold` copied (none), or perturb by -scale (subtract mode)."""
+        if self.held is not None:  # restore "none": the weights as they were before the member
+            for (_, p), h in zip(self.params, self.held):
+                p.data.view(-1).copy_(h)
+            self.held = None
+            return
         if self.masters is None:
             for _ in self.perturb(seed, -scale, upto):
                 pass
@@ -85,6 +133,35 @@ class Perturbation:
     def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
         """theta = theta * (1 - decay) + step * sum_seed coef_seed * eps_seed; returns the change's RMS."""
         raise NotImplementedError
+
+    @torch.no_grad()
+    def hold(self) -> None:
+        """Before an in-place member: restore "none" copies the weights (their dtype, on `master_device`) until
+        `restore` puts them back, so the member is undone exactly; a batched population never calls this."""
+        if self.restore_mode == "none":
+            self.held = [p.detach().to(self.master_device, copy=True).view(-1) for _, p in self.params]
+
+    def exact_value(self, k: int, s: int = 0, e: int | None = None) -> torch.Tensor | None:
+        """The fp32 value of parameter k's flat [s:e] that an update accumulates into: a view of its master,
+        of fp32 weights themselves, or (restore "none", bf16) the weights joined with their low bits, a new
+        tensor that `keep` writes back. None: subtract mode's non-fp32 weights, updated in their own dtype."""
+        flat = self.params[k][1].data.view(-1)
+        if self.masters is not None:
+            return self.masters[k][s:e]
+        low = self.low_bits[k] if self.low_bits is not None else None
+        if low is not None:
+            return join_bf16(flat[s:e], low[s:e].to(flat.device))
+        return flat[s:e] if flat.dtype == torch.float32 else None
+
+    def keep(self, k: int, s: int, value: torch.Tensor) -> None:
+        """Restore "none", bf16: split the fp32 `value` an update left in `exact_value(k, s, ...)` back into the
+        weights and their low bits. Nothing to do otherwise: fp32 weights were updated in place, and the caller
+        copies a master into the weights (rounded) once the whole tensor is updated."""
+        low = self.low_bits[k] if self.low_bits is not None else None
+        if low is not None:
+            weights, rest = split_fp32(value)
+            self.params[k][1].data.view(-1)[s:s + value.numel()].copy_(weights)
+            low[s:s + value.numel()].copy_(rest)
 
     def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
         """sum_seed coef * eps_seed for every parameter as whole fp32 tensors (analyses)."""
@@ -148,23 +225,30 @@ class GaussianNoise(Perturbation):
         sq, count = 0.0, 0
         for k, (name, p) in enumerate(self.params):
             flat = p.data.view(-1)
-            target = self.masters[k] if self.masters is not None else flat
             for j, s, e in self.noise.bounds(flat.numel()):
                 acc = torch.zeros(e - s, dtype=torch.float32, device=p.device)
                 for seed, c in coefs.items():
                     acc.add_(self.draw(seed, name, j, e - s, p.device), alpha=c * step)
                 sq += float(torch.dot(acc, acc))
                 count += e - s
-                chunk = target[s:e]
+                chunk = self.exact_value(k, s, e)
+                if chunk is None:  # subtract mode, bf16: decayed and rounded in the weights' dtype
+                    rounded_update(flat[s:e], acc, decay)
+                    continue
                 if decay:
                     chunk.mul_(1.0 - decay)
-                if chunk.dtype == torch.float32:
-                    chunk.add_(acc.to(chunk.device))
-                else:
-                    chunk.copy_(chunk.float().add_(acc))
+                chunk.add_(acc.to(chunk.device))
+                self.keep(k, s, chunk)
             if self.masters is not None:
                 flat.copy_(self.masters[k])
         return math.sqrt(sq / max(count, 1))
+
+
+def rounded_update(chunk: torch.Tensor, acc: torch.Tensor, decay: float) -> None:
+    """Subtract mode's update of non-fp32 weights: decayed in their dtype, the fp32 step added, rounded."""
+    if decay:
+        chunk.mul_(1.0 - decay)
+    chunk.copy_(chunk.float().add_(acc))
 
 
 def register_perturbation(cls: type[Perturbation]) -> type[Perturbation]:
@@ -280,17 +364,19 @@ class LowRankNoise(Perturbation):
             d = self.delta({s: c * step for s, c in coefs.items()}, name, p)
             sq += float(torch.dot(d.view(-1), d.view(-1)))
             count += d.numel()
-            target = self.masters[k].view(p.shape) if self.masters is not None else None
-            if target is None:
+            value = self.exact_value(k)
+            if value is None:  # subtract mode, bf16: decayed in fp32, rounded once
                 new = p.data.float()
                 if decay:
                     new.mul_(1.0 - decay)
                 p.data.copy_(new.add_(d))
                 continue
             if decay:
-                target.mul_(1.0 - decay)
-            target.add_(d.to(target.device))
-            p.data.copy_(target.to(p.device))
+                value.mul_(1.0 - decay)
+            value.add_(d.view(-1).to(value.device))
+            self.keep(k, 0, value)
+            if self.masters is not None:
+                p.data.copy_(self.masters[k].view(p.shape).to(p.device))
         return math.sqrt(sq / max(count, 1))
 
 

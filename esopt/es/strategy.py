@@ -106,6 +106,7 @@ class ES:
         scale, done = (self.sigma if sigma is None else sigma) * member.sign, 0
         self._active = member
         try:
+            self.perturbation.hold()  # restore "none": a copy of the weights while the member is applied
             for k in self.perturbation.perturb(member.seed, scale):
                 done = k + 1
             self.on_weights_changed()
@@ -150,7 +151,7 @@ class ES:
             "weight_decay": c.weight_decay,
             "shaping": c.shaping,
             "scope": c.param_scope.to_dict(),
-            "restore": c.restore,
+            "restore": self.perturbation.restore_mode,  # what replay must use ("auto" resolved)
             "noise": self.perturbation.spec,
         }
 

@@ -10,6 +10,7 @@ BENCHMARKS: dict[str, str] = {
     "rollout": "esopt.experiments.rollout_throughput",
     "horizon": "esopt.experiments.horizon",  # a learning experiment: ES vs GRPO vs PPO as H* grows
     "population": "esopt.experiments.population",
+    "efficiency": "esopt.experiments.efficiency",  # an ES generation vs pure inference of the same tokens
     "gpu": "esopt.experiments.gpu",
     "sandbox": "esopt.experiments.sandbox_overhead",  # per-call cost of each sandbox backend
     "serve": "esopt.experiments.serve_throughput",  # esopt serve at 1, 8 and 64 concurrent clients

@@ -215,10 +215,12 @@ class ESTrainConfig(BaseTrainConfig):
 
     @property
     def es_config(self) -> ESSection:
-        """The `es` section with the schedule length and seed resolved: what `ES` runs with."""
+        """The `es` section with the schedule length, seed and restore mode resolved: what `ES` runs with. A
+        batched population never writes members into the weights, so "auto" keeps no fp32 master ("none")."""
         e = self.es
+        restore = e.restore if e.restore != "auto" else "none" if self.population_evaluator == "batched" else "exact"
         return e.model_copy(update={"total_generations": e.total_generations or self.steps,
-                                    "seed": self.seed if e.seed is None else e.seed})
+                                    "seed": self.seed if e.seed is None else e.seed, "restore": restore})
 
 
 # --- policy-gradient baselines ---------------------------------------------------------------------

@@ -92,10 +92,13 @@ class ESAlgorithm:
     def __init__(self, policy: Engine, config: ESTrainConfig, rd: RunDir, make_env: Callable, timers: Timers,
                  start: int, progress: bool):
         self.policy, self.config, self.timers = policy, config, timers
-        self.es = ES(policy.model, config.es_config, ledger=rd.history_path, generation=start,
+        records = read_history(rd.history_path)[:start] if rd.history_path.exists() else []
+        es_config = config.es_config
+        if records and records[0]["restore"] != es_config.restore:  # replay reads the first line's mode: keep it
+            es_config = es_config.model_copy(update={"restore": records[0]["restore"]})
+        self.es = ES(policy.model, es_config, ledger=rd.history_path, generation=start,
                      on_weights_changed=policy.weights_changed)
         self.spec = rollout_spec(config, make_env)
-        records = read_history(rd.history_path)[:start] if rd.history_path.exists() else []
         self.evaluator = population_evaluator(config, self.es, policy, make_env, timers, progress, rd.root, records)
         self.prompts = None
         if config.prompt.every:
