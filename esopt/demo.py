@@ -72,7 +72,7 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = Fa
 
 def print_before_after(config, summary: dict, t_prep: float, base_name: str, out: Path) -> None:
     from esopt.utils.memory import fmt_bytes
-    from esopt.utils.stats import paired_difference
+    from esopt.utils.stats import mcnemar_p, paired_difference
 
     before, after = summary["eval_before"], summary["eval_after"]
     n = config.eval.tasks * config.eval.repeats
@@ -89,11 +89,13 @@ def print_before_after(config, summary: dict, t_prep: float, base_name: str, out
         verdict = "an improvement" if d.low > 0 else "a drop" if d.high < 0 else "not distinguishable from no change"
         print(f"{label} change {d.mean:+.3f}, 95% CI [{d.low:+.3f}, {d.high:+.3f}] "
               f"(paired bootstrap over {d.tasks} tasks): {verdict}")
+    p = mcnemar_p(before["episode_success"], after["episode_success"])
+    print(f"puzzles solved by one model only: McNemar p = {p:.2g}")
     split = summary["time_split"]
     ratio = (f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"]
              else "not measured here (esopt bench efficiency compares them)")
     print(f"peak memory {fmt_bytes(summary['peak_memory_bytes'])}; ES / inference-only (same model, batch) = {ratio}")
-    print(f"wall-clock: {base_name} {t_prep:.0f}s, ES {summary['seconds']:.0f}s "
+    print(f"wall-clock: set-up {t_prep:.0f}s, ES with its evals {summary['seconds']:.0f}s "
           f"({summary['seconds_per_step']:.1f}s per generation); ES overhead (perturb {split['perturb']:.1f}s + "
           f"restore {split['restore']:.1f}s + update {split['update']:.1f}s) = {split['es_overhead_share']:.1%} "
           f"of ES + rollout time ({split['rollout']:.0f}s)")
