@@ -28,8 +28,8 @@ from esopt.utils.report import write_report
 
 MODES = ("full-rank sequential", "low-rank in place", "low-rank batched")
 MODE_OVERRIDES = {
-    "full-rank sequential": ["es.noise=normal"],
-    "low-rank in place": ["es.noise=lowrank"],
+    "full-rank sequential": ["es.noise=normal", "es.batched=false"],  # the demo's config is batched
+    "low-rank in place": ["es.noise=lowrank", "es.batched=false"],
     "low-rank batched": ["es.noise=lowrank", "es.batched=true"],
 }
 BASE = {"tiny": "smoke", "smollm2": "demo"}
@@ -43,7 +43,8 @@ def measure(model: str, members: int, tasks: int, rank: int, repeats: int, overr
     common = [f"es.population_size={members}", "es.antithetic=true", f"es.tasks_per_member={tasks}",
               f"es.noise_rank={rank}", "sampling.temperature=0", "max_batch_size=null", *overrides]
     modes = [(m, MODE_OVERRIDES[m]) for m in MODES]
-    modes += [(f"ray, {w} worker{'s' if w > 1 else ''}", ["distributed.backend=ray", f"distributed.workers={w}"])
+    modes += [(f"ray, {w} worker{'s' if w > 1 else ''}", [*MODE_OVERRIDES["full-rank sequential"], "distributed.backend=ray",
+                                                             f"distributed.workers={w}"])
               for w in ray_workers or []]
     rows, policy = [], None
     for mode, extra in modes:
