@@ -43,9 +43,8 @@ def measure(model: str, members: int, tasks: int, rank: int, repeats: int, overr
     common = [f"es.population_size={members}", "es.antithetic=true", f"es.tasks_per_member={tasks}",
               f"es.noise_rank={rank}", "sampling.temperature=0", "max_batch_size=null", *overrides]
     modes = [(m, MODE_OVERRIDES[m]) for m in MODES]
-    modes += [(f"ray, {w} worker{'s' if w > 1 else ''}", [*MODE_OVERRIDES["full-rank sequential"], "distributed.backend=ray",
-                                                             f"distributed.workers={w}"])
-              for w in ray_workers or []]
+    ray = [*MODE_OVERRIDES["full-rank sequential"], "distributed.backend=ray"]
+    modes += [(f"ray, {w} worker{'s' if w > 1 else ''}", [*ray, f"distributed.workers={w}"]) for w in ray_workers or []]
     rows, policy = [], None
     for mode, extra in modes:
         config = load_config(BASE[model], [*common, *extra])
