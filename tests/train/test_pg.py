@@ -25,6 +25,7 @@ from esopt.train.pg import (
     minibatch_norm,
     optimize,
     policy_loss,
+    shared_prefix_forward,
     shuffle_generator,
     token_logprobs,
     turn_samples,
@@ -79,6 +80,56 @@ def test_token_logprobs_match_the_generation_logprobs():
         assert torch.allclose(got, torch.tensor(g.logprobs), atol=1e-4)
     with torch.no_grad():
         assert torch.allclose(token_logprobs(model, batch, 0.7) * batch.mask, lp, atol=1e-5)
+
+
+def _shared_prefix_batch(tok, prefix_len=40):
+    """Four samples whose prompts share `prefix_len` tokens, with prompts and replies of different lengths."""
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(3, tok.vocab_size, (prefix_len,), generator=g).tolist()
+    samples = [TurnSample(prefix + torch.randint(3, tok.vocab_size, (k,), generator=g).tolist(),
+                          torch.randint(3, tok.vocab_size, (r,), generator=g).tolist(), advantage=a)
+               for k, r, a in [(3, 4, 1.0), (7, 2, -0.5), (1, 5, 0.3), (5, 1, -1.2)]]
+    return collate(samples, tok.pad_token_id)
+
+
+def test_shared_prefix_logprobs_and_gradients_equal_the_plain_pass():
+    """Encoding the prompts' common prefix once (and back-propagating through its repeated KV) gives the
+    log-probs and the gradient of one plain pass over every full row."""
+    model, tok = build_tiny_model(seed=4)
+    batch = _shared_prefix_batch(tok)
+    out, shared = shared_prefix_forward(model, batch.input_ids, batch.attention_mask, int(batch.prompt_last.min()))
+    assert shared == 40  # the common prefix, not more: the rows differ right after it
+
+    def grads(fn):
+        model.zero_grad(set_to_none=True)
+        logp = fn()
+        (logp * batch.mask * batch.advantages[:, None]).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    def plain():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+        return lp * batch.mask
+
+    want, want_grads = grads(plain)
+    got, got_grads = grads(lambda: token_logprobs(model, batch, 1.0) * batch.mask)
+    assert torch.allclose(got, want, atol=1e-5)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    assert max(float(g.abs().max()) for g in want_grads) > 1e-3  # the gradient compared is not all zero
+
+
+def test_critic_values_with_a_shared_prefix_equal_the_plain_pass():
+    from esopt.train.pg.ppo import Critic
+
+    model, tok = build_tiny_model(seed=4)
+    critic = Critic.from_model(model)
+    torch.nn.init.normal_(critic.head.weight, std=0.5)  # a zero head would hide any error in the hidden states
+    batch = _shared_prefix_batch(tok)
+    with torch.no_grad():
+        hidden = critic.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        want = critic.head(hidden[torch.arange(len(batch)), batch.prompt_last]).squeeze(-1)
+        assert torch.allclose(critic(batch), want, atol=1e-5)
 
 
 def _batch_with(logp_old, adv, mask):

@@ -34,6 +34,7 @@ from esopt.train.pg import (
     micro_batches,
     optimize,
     policy_loss,
+    shared_prefix_forward,
     shuffle_generator,
     token_logprobs,
     train_policy_gradient,
@@ -89,9 +90,10 @@ class Critic(torch.nn.Module):
     def forward(self, batch: TokenBatch) -> torch.Tensor:
         """(N,) value of each sample at its last prompt token (the response is not read)."""
         width = int(batch.prompt_last.max()) + 1
-        hidden = self.backbone(input_ids=batch.input_ids[:, :width],
-                               attention_mask=batch.attention_mask[:, :width]).last_hidden_state  # (N, W, H)
-        last = hidden[torch.arange(len(batch), device=hidden.device), batch.prompt_last]  # (N, H)
+        out, shared = shared_prefix_forward(self.backbone, batch.input_ids[:, :width],
+                                            batch.attention_mask[:, :width], int(batch.prompt_last.min()))
+        hidden = out.last_hidden_state  # (N, W - shared, H)
+        last = hidden[torch.arange(len(batch), device=hidden.device), batch.prompt_last - shared]  # (N, H)
         return self.head(last.float()).squeeze(-1)
 
 
