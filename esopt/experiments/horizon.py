@@ -382,30 +382,37 @@ def report(plan: Plan, results: list[RunResult]) -> str:
 
 
 def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
-    """One subplot per H*: held-out success vs step, one line per method (mean over seeds, min-max band)."""
+    """One column per H*, against training episodes: held-out success, held-out shaped score (the evals) and
+    the training rollouts' success (free, every step: ES's is its perturbed members', GRPO's and PPO's their
+    on-policy samples'), one line per method (mean over seeds, min-max band)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     from esopt.utils.plots import save_figure
 
+    def curves(r: RunResult, row: int) -> dict[int, float]:
+        if row < 2:
+            return {e[0] * r.episodes_per_step: e[row + 1] for e in r.evals}
+        return {int(t["step"]) * r.episodes_per_step: t["success_rate"] for t in r.train_rows if "success_rate" in t}
+
     n = len(plan.h_stars)
-    fig, axes = plt.subplots(2, n, figsize=(4.2 * n, 6.4), squeeze=False)
-    for row, (col, label) in enumerate(((1, "held-out success"), (2, "held-out shaped score"))):
+    fig, axes = plt.subplots(3, n, figsize=(4.2 * n, 9.3), squeeze=False)
+    labels = ("held-out success", "held-out shaped score", "training rollouts' success")
+    for row, label in enumerate(labels):
         for ax, h in zip(axes[row], plan.h_stars):
-            for k, m in enumerate(plan.methods):
-                runs = [{e[0]: e[col] for e in r.evals} for r in results if r.method == m and r.h_star == h]
-                steps = sorted(set.intersection(*(set(e) for e in runs))) if runs else []
-                if not steps:
+            for m in plan.methods:
+                k = METHODS.index(m)  # one colour per method in every plot
+                runs = [curves(r, row) for r in results if r.method == m and r.h_star == h]
+                xs = sorted(set.intersection(*(set(e) for e in runs))) if runs else []
+                if not xs:
                     continue
-                ys = [[e[s] for e in runs] for s in steps]
-                ax.plot(steps, [_mean(y) for y in ys], marker="o", color=f"C{k}", label=f"{LABELS[m]} (n={len(runs)})")
-                ax.fill_between(steps, [min(y) for y in ys], [max(y) for y in ys], color=f"C{k}", alpha=0.15)
-            ax.set(title=f"H* = {h}", xlabel="step / generation", ylabel=label)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            if row == 0:
+                ys = [[e[x] for e in runs] for x in xs]
+                ax.plot(xs, [_mean(y) for y in ys], marker="o", color=f"C{k}", label=f"{LABELS[m]} (n={len(runs)})")
+                ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=f"C{k}", alpha=0.15)
+            ax.set(title=f"H* = {h}", xlabel="training episodes", ylabel=label)
+            if row != 1:
                 ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="best")

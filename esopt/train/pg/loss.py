@@ -16,7 +16,6 @@ from esopt.engines.prefix import CACHE_ARG
 from esopt.train.config import PGSection
 from esopt.train.pg.batch import TokenBatch
 
-
 MIN_SHARED_PREFIX = 16  # below this, encoding the prefix once saves less than the extra pass costs
 
 
