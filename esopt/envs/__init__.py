@@ -20,8 +20,10 @@ SUDOKU_ID = "esopt/Sudoku-v0"
 MATH_ID = "esopt/MathTool-v0"
 DOCQA_ID = "esopt/DocQA-v0"
 WEB_ID = "esopt/Web-v0"
+MINIWOB_ID = "esopt/MiniWoB-v0"
 ENTRY_POINTS = {SUDOKU_ID: "esopt.envs.sudoku:SudokuEnv", MATH_ID: "esopt.envs.math_tools:MathToolEnv",
-                DOCQA_ID: "esopt.envs.docqa:DocQAEnv", WEB_ID: "esopt.envs.web.env:WebEnv"}
+                DOCQA_ID: "esopt.envs.docqa:DocQAEnv", WEB_ID: "esopt.envs.web.env:WebEnv",
+                MINIWOB_ID: "esopt.envs.web.miniwob:MiniWoBEnv"}
 ENV_IDS: list[str] = list(ENTRY_POINTS)
 
 for _id, _entry in ENTRY_POINTS.items():
@@ -48,6 +50,7 @@ __all__ = [
     "DOCQA_ID",
     "ENV_IDS",
     "MATH_ID",
+    "MINIWOB_ID",
     "SUDOKU_ID",
     "WEB_ID",
     "AgentEnv",

@@ -1,0 +1,593 @@
+"""`esopt/MiniWoB-v0`: real MiniWoB++ tasks in a headless Chromium, read as BrowserGym's accessibility tree.
+
+## Description
+The agent solves MiniWoB++ tasks (Liu et al. 2018; the `miniwob` package's task pages): "Click on the "submit"
+button", "Select Gh and click Submit", "Enter the username "kenda" and the password "Ttlh" into the text fields
+and press login". Each episode is one task page set up the way `browsergym-miniwob` does it (its task classes:
+the goal and the reward display taken off the page, `Math.seedrandom`, `core.startEpisodeReal()`), in one Chromium
+(Debian's `chromium-headless-shell`) that the env drives with playwright and keeps across resets. The seed picks
+the task from `tasks` and MiniWoB's own seed, so the same seed gives the same task instance. There are no
+per-split tasks: MiniWoB tasks are randomised per instance, so esopt's seed ranges are the splits (training
+seeds < 2^31, test seeds [2^31, 2^31 + 2^30), validation seeds above draw independent instances; tasks with few
+instances, click-test has one, repeat across them).
+
+## Action
+Text: one BrowserGym call, e.g. `click("12")`, `fill("14", "text")`, `select_option("7", "Deonne")`,
+`check("5")`, `press("14", "Enter")`, `focus("12")`, `clear("14")`, `hover("3")`, `dblclick("3")`,
+`scroll(0, 100)`, `noop()`, read from the reply with `esopt.envs.web.actions` (`ast`, never `eval`); thoughts
+around it are allowed. A reply with no valid call costs a turn, leaves the page alone, and the next observation
+says why. `goto`, `go_back`, `go_forward`, `send_msg_to_user` and `report_infeasible` parse but do nothing here
+(one page, no chat): the observation says so.
+
+## Observation
+The goal (MiniWoB's utterance), the last action's error if any, and the page's accessibility tree flattened as
+BrowserGym prints it (`[bid] role 'name'`, one space per level; the roles LineBreak and InlineTextBox and the
+root's url dropped), at most `page_chars` characters of tree. Printable ASCII.
+
+## Starting state
+The task page freshly loaded in the env's Chromium (a 332x214 viewport, as in BrowserGym), its problem generated.
+
+## Rewards
+1 when the task's episode ends with a positive raw reward (`WOB_RAW_REWARD_GLOBAL > 0`, BrowserGym's MiniWoB
+success; MiniWoB's time discount is ignored), else 0. `info["shaped_reward"]`: the same 0 or 1, and
+`info["raw_reward"]` MiniWoB's raw reward in [-1, 1].
+
+## Episode end
+Terminated when the task sets its done flag (`WOB_DONE_GLOBAL`: a submit, a click on a target; a wrong one ends
+it too, with reward 0) or the page leaves the task's URL; truncated after `max_turns` replies.
+
+## Arguments
+`tasks` (MiniWoB task names, default `DEFAULT_TASKS`: ten that read well as text), `max_turns` (10),
+`page_chars` (1500), `headless` (True), `chromium` (the browser binary; default Debian's chromium-headless-shell,
+or chromium when not headless), `render_mode` (None or "ansi").
+
+## Processes
+One Chromium per env (Debian's binary, launched by playwright with `executable_path`), started on the first
+reset, reused by every reset (the task page is loaded again) and closed by `close()` (or when the env is garbage
+collected). Playwright's sync API only runs in the thread that started it, so each env drives its browser from a
+daemon thread of its own: the rollout engine may step envs from any thread (`concurrent_steps`). When the Python
+process dies, even by SIGKILL, playwright's node driver sees its stdin close and takes Chromium down with it
+within a second or two (tests/envs/test_miniwob.py checks this), so Chromium needs no death signal or watchdog
+of its own. A crashed page ends its episode unsolved; a call that hangs (playwright can wait forever on a dead
+renderer) is cut after `CALL_TIMEOUT_S` by killing Chromium; either way the next reset starts afresh.
+
+Needs the `web-browser` extra (miniwob, browsergym-miniwob, playwright) and Chromium, both installed by `make`.
+
+## Versions
+v0: first version.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import queue
+import re
+import shutil
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from esopt.envs.base import AgentEnv
+from esopt.envs.text_space import FreeText, ascii_text_space
+from esopt.envs.tools.react import printable
+from esopt.envs.web.actions import Action, ParseError, parse_action
+
+DEFAULT_TASKS = (
+    "click-test",
+    "click-button",
+    "click-button-sequence",
+    "click-dialog",
+    "click-checkboxes",
+    "click-option",
+    "choose-list",
+    "focus-text",
+    "enter-text",
+    "login-user",
+)
+# Debian's binary before its /usr/bin shell wrapper (which would stay between playwright and Chromium)
+HEADLESS_CHROMIUM = ("/usr/lib/chromium/chromium-headless-shell", "chromium-headless-shell")
+WINDOWED_CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+VIEWPORT = {"width": 332, "height": 214}  # BrowserGym's MiniWoB viewport
+TIMEOUT_MS, ACTION_TIMEOUT_MS = 5000, 500  # playwright's default timeout (BrowserGym's MiniWoB value), per action
+START_TIMEOUT_S, CALL_TIMEOUT_S = 120, 60  # then Chromium is taken as hung: killed, and a fresh one started
+SETTLE_MS = 50  # after an action, before reading the page: lets the task's event handlers run
+MAX_NOOP_MS, MAX_SCROLL = 1000, 5000
+IGNORED_ROLES = ["LineBreak", "InlineTextBox"]  # Chromium 150+ adds InlineTextBox nodes under every text
+NOT_HERE = ("goto", "go_back", "go_forward", "send_msg_to_user", "report_infeasible")
+BUTTONS, MODIFIERS = ("left", "middle", "right"), ("Alt", "Control", "ControlOrMeta", "Meta", "Shift")
+ACTIONS_HELP = (
+    'click("bid"), fill("bid", "text"), select_option("bid", "option"), check("bid"), uncheck("bid"), '
+    'press("bid", "Enter"), focus("bid"), clear("bid"), hover("bid"), dblclick("bid"), scroll(0, 100), noop()'
+)
+INSTRUCTIONS = f"""You are a web agent solving small tasks on a web page. Each turn you see the goal and the page's \
+accessibility tree: one element a line as [bid] role 'name'. Reply with one action, e.g.: {ACTIONS_HELP}. Use the \
+bid in brackets to name an element. The episode ends when the task is done (a submit or a click on the target \
+ends it, right or wrong)."""
+INSTALL_HINT = "install the web-browser extra and Chromium: `make` does both"
+
+
+class ChromiumGone(RuntimeError):
+    """The env's Chromium, or playwright's driver of it, died."""
+
+
+class MiniWoBUnavailable(ValueError):
+    """The `web-browser` extra or Chromium is missing (a ValueError: the CLI prints it as one line)."""
+
+
+def find_chromium(headless: bool = True) -> str | None:
+    """Debian's Chromium binary (headless shell when headless), or None."""
+    for name in HEADLESS_CHROMIUM if headless else WINDOWED_CHROMIUM:
+        found = name if Path(name).is_absolute() and Path(name).exists() else shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def miniwob_html_dir() -> Path | None:
+    """The task pages shipped in the `miniwob` wheel (found without importing it: that registers its own envs)."""
+    spec = importlib.util.find_spec("miniwob")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "html" / "miniwob"
+    return folder if folder.is_dir() else None
+
+
+def missing_requirement(headless: bool = True, chromium: str | None = None) -> str | None:
+    """Why `MiniWoBEnv` cannot run here (one line), or None when it can."""
+    for module in ("playwright", "browsergym.core", "browsergym.miniwob"):  # looked up, not imported
+        try:
+            if importlib.util.find_spec(module) is None:
+                raise ImportError
+        except ImportError:
+            return f"esopt/MiniWoB-v0 needs {module.split('.')[0]} (the web-browser extra): {INSTALL_HINT}"
+    if miniwob_html_dir() is None:
+        return f"esopt/MiniWoB-v0 needs the miniwob package's task pages (the web-browser extra): {INSTALL_HINT}"
+    if chromium is not None and not Path(chromium).exists():
+        return f"esopt/MiniWoB-v0: no Chromium at {chromium!r}"
+    if chromium is None and find_chromium(headless) is None:
+        which = "chromium-headless-shell" if headless else "chromium"
+        return f"esopt/MiniWoB-v0 needs Debian's {which} (apt-get install {which}; `make` installs it)"
+    return None
+
+
+def task_classes() -> dict[str, type]:
+    """browsergym-miniwob's task classes by MiniWoB name (`click-test`, ...), those whose page the wheel ships."""
+    from browsergym.miniwob import ALL_MINIWOB_TASKS
+
+    pages = miniwob_html_dir()
+    return {c.subdomain: c for c in ALL_MINIWOB_TASKS if pages is not None and (pages / f"{c.subdomain}.html").exists()}
+
+
+@dataclass(frozen=True)
+class PageState:
+    """What the env reads after each setup and action: the flattened tree and the task's state."""
+
+    tree: str
+    raw_reward: float  # MiniWoB's raw reward in [-1, 1]; -1 when the page left the task
+    done: bool
+    solved: bool
+
+
+class _Worker:
+    """One daemon thread running calls in order (a wedged call cannot hold up the interpreter's exit)."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="esopt-miniwob", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self.calls.put((future, fn, args))
+        return future
+
+    def stop(self) -> None:
+        self.calls.put(None)
+        self.thread.join(timeout=10)
+
+    def _serve(self) -> None:
+        while (call := self.calls.get()) is not None:
+            future, fn, args = call
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # handed to the caller
+                future.set_exception(e)
+            del call, future, fn, args  # the calls' arguments do not outlive them
+
+
+class _Chromium:
+    """One Chromium and its page, driven by playwright from a thread of its own: playwright's sync API runs only
+    in the thread that started it. The calls made in there get the task, never the env, so an env dropped without
+    `close()` is still garbage.
+
+    A call that hangs (a page whose renderer died can block playwright for good) is ended after `call_timeout`
+    seconds by killing Chromium, which fails playwright's pending calls; the env then starts a fresh one."""
+
+    def __init__(self, executable: str, headless: bool) -> None:
+        self._worker = _Worker()
+        self.playwright = self.browser = self.context = self.page = None
+        self.driver: psutil.Process | None = None  # playwright's node driver
+        self.launched: list[psutil.Process] = []  # the driver's children: Chromium's browser process
+        self.crashed = self.wedged = False
+        self.call_timeout = CALL_TIMEOUT_S
+        try:
+            self._run(self._start, executable, headless, timeout=START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        timeout = self.call_timeout if timeout is None else timeout
+        if self.wedged or not self.driver_alive():  # playwright's sync calls spin forever on a dead driver
+            raise ChromiumGone("playwright's driver process is gone")
+        future = self._worker.submit(fn, *args)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            if future.done():  # the call itself raised it
+                raise
+        self.kill()
+        try:
+            future.result(10)
+        except BaseException:  # the pending call failed as Chromium went: what we wanted
+            pass
+        self.wedged = not future.done()
+        raise ChromiumGone(f"Chromium stopped answering for {timeout:.0f} s")
+
+    def driver_alive(self) -> bool:
+        try:
+            return self.driver is None or self.driver.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:  # exited (and reaped)
+            return False
+
+    def kill(self) -> None:
+        for process in self.launched:
+            try:
+                process.kill()
+            except psutil.Error:  # gone already
+                pass
+
+    def _start(self, executable: str, headless: bool) -> None:
+        from browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
+        from playwright.sync_api import sync_playwright
+
+        self.playwright = sync_playwright().start()
+        self.playwright.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)  # bids are playwright test ids
+        self.browser = self.playwright.chromium.launch(
+            executable_path=executable, headless=headless, args=["--disable-dev-shm-usage", "--disable-gpu"]
+        )
+        self.context = self.browser.new_context(viewport=VIEWPORT)
+        self.context.set_default_timeout(TIMEOUT_MS)
+        self._new_page()
+        try:  # a private attribute: if playwright moves it, `driver_alive` just answers True
+            self.driver = psutil.Process(self.playwright._impl_obj._connection._transport._proc.pid)
+            self.launched = self.driver.children()
+        except (AttributeError, psutil.Error):
+            self.driver = None
+
+    def _new_page(self) -> None:
+        self.page = self.context.new_page()
+        self.page.on("crash", self._on_crash)
+        self.crashed = False
+
+    def _on_crash(self, page: Any) -> None:
+        self.crashed = True
+
+    def _check_crash(self) -> bool:
+        """Whether the page's renderer died (a round trip to the driver delivers its pending crash event)."""
+        self.context.cookies()
+        return self.crashed or self.page.is_closed()
+
+    def alive(self) -> bool:
+        try:
+            return self.browser is not None and self._run(self._alive, timeout=30)
+        except ChromiumGone:
+            return False
+
+    def _alive(self) -> bool:
+        return self.browser.is_connected()
+
+    def setup(self, task: Any) -> tuple[str, PageState]:
+        """Load and start `task` (a browsergym-miniwob task): its goal and the page."""
+        return self._run(self._setup, task)
+
+    def _setup(self, task: Any) -> tuple[str, PageState]:
+        if self._check_crash():
+            self._new_page()
+        for other in self.context.pages:  # windows a click may have opened
+            if other is not self.page:
+                other.close()
+        goal = task.setup(self.page)[0]
+        return str(goal), self._read(task)
+
+    def act(self, task: Any, action: Action) -> tuple[str, PageState]:
+        """Do `action`: why it failed ('' if it did not) and the page after it."""
+        return self._run(self._act, task, action)
+
+    def _act(self, task: Any, action: Action) -> tuple[str, PageState]:
+        gone = PageState(tree="", raw_reward=-1.0, done=True, solved=False)
+        if self._check_crash():
+            return "the page crashed; the episode is over", gone
+        try:
+            error = _perform(self.page, action)
+            self.page.wait_for_timeout(SETTLE_MS)
+            return error, self._read(task)
+        except Exception as e:  # the page crashed or closed under the action: the episode ends unsolved
+            return f"the page could not be read ({type(e).__name__}); the episode is over", gone
+
+    def _read(self, task: Any) -> PageState:
+        self.page.wait_for_load_state("domcontentloaded", timeout=TIMEOUT_MS)
+        reward, done, _, info = task.validate(self.page, [])  # reward: raw reward > 0; left the page: done, no raw
+        raw = float(info.get("RAW_REWARD_GLOBAL", -1.0))
+        return PageState(_extract_tree(self.page), raw, bool(done), bool(done) and reward > 0)
+
+    def close(self) -> None:
+        if threading.current_thread() is self._worker.thread:  # a garbage collection in that thread: cannot wait
+            return
+        try:
+            self._run(self._stop, timeout=30)
+        except ChromiumGone:  # wedged, or the driver was killed on its own: its Chromium may outlive it
+            self.kill()
+        finally:
+            self._worker.stop()
+            self.playwright = self.browser = self.context = self.page = None
+
+    def _stop(self) -> None:
+        for finish in (self.browser and self.browser.close, self.playwright and self.playwright.stop):
+            try:
+                if finish:
+                    finish()
+            except Exception:  # already gone (crashed, or the driver died): nothing to close
+                pass
+
+
+def _extract_tree(page: Any) -> str:
+    """BrowserGym's flattened accessibility tree of `page` (as its BrowserEnv builds it), one space per level."""
+    from browsergym.core.observation import _post_extract, _pre_extract, extract_merged_axtree
+    from browsergym.utils.obs import flatten_axtree_to_str
+
+    _pre_extract(page, tags_to_mark="standard_html", lenient=True)
+    try:
+        tree = extract_merged_axtree(page)
+    finally:
+        _post_extract(page)
+    text = re.sub(r", url='[^']*'", "", flatten_axtree_to_str(tree, ignored_roles=IGNORED_ROLES), count=1)
+    lines = []
+    for line in text.splitlines():
+        body = line.lstrip("\t")
+        lines.append(" " * (len(line) - len(body)) + body)
+    return "\n".join(lines)
+
+
+def _perform(page: Any, action: Action) -> str:
+    """Do `action` on the page as BrowserGym's action functions do; '' or why it failed (one line)."""
+    from browsergym.core.action.utils import get_elem_by_bid
+
+    name, args = action.name, action.args
+    if name in NOT_HERE:
+        return f"{name} does nothing here (one page, no chat): act on the page"
+    if name == "noop":
+        wait = args.get("wait_ms", MAX_NOOP_MS)
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait != wait:
+            return "noop: wait_ms must be a number of milliseconds"
+        page.wait_for_timeout(float(min(max(wait, 0), MAX_NOOP_MS)))
+        return ""
+    if name == "scroll":
+        dx, dy = (float(min(max(args[k], -MAX_SCROLL), MAX_SCROLL)) for k in ("delta_x", "delta_y"))
+        page.mouse.wheel(dx, dy)
+        return ""
+    button, modifiers = args.get("button", "left"), args.get("modifiers", [])
+    modifiers = [modifiers] if isinstance(modifiers, str) else modifiers
+    if button not in BUTTONS:
+        return f"{name}: button must be one of {', '.join(BUTTONS)}"
+    if not isinstance(modifiers, (list, tuple)) or not all(m in MODIFIERS for m in modifiers):
+        return f"{name}: modifiers must be a list of {', '.join(MODIFIERS)}"
+    try:
+        elem = get_elem_by_bid(page, args["bid"])
+        if name in ("click", "dblclick"):
+            getattr(elem, name)(button=button, modifiers=list(modifiers), timeout=ACTION_TIMEOUT_MS)
+        elif name == "fill":
+            elem.fill(args["value"], timeout=ACTION_TIMEOUT_MS)
+        elif name == "select_option":
+            elem.select_option(args["options"], timeout=ACTION_TIMEOUT_MS)
+        elif name == "press":
+            elem.press(args["key_comb"], timeout=ACTION_TIMEOUT_MS)
+        else:  # check, uncheck, focus, clear, hover: the element is all they take
+            getattr(elem, name)(timeout=ACTION_TIMEOUT_MS)
+    except Exception as e:  # playwright's errors (timeouts, wrong element kind) and unknown bids
+        message = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return f"{name} failed: {message}"[:200]
+    return ""
+
+
+class MiniWoBEnv(AgentEnv):
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    concurrent_steps = True  # each env's Chromium runs in its own thread: the rollout engine may step envs in threads
+
+    def __init__(
+        self,
+        tasks: Sequence[str] = DEFAULT_TASKS,
+        max_turns: int = 10,
+        page_chars: int = 1500,
+        headless: bool = True,
+        chromium: str | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        tasks = [tasks] if isinstance(tasks, str) else list(tasks)
+        for name, value, low in (("max_turns", max_turns, 1), ("page_chars", page_chars, 200)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        missing = missing_requirement(bool(headless), chromium)
+        if missing:
+            raise MiniWoBUnavailable(missing)
+        self.classes = task_classes()
+        unknown = [t for t in tasks if t not in self.classes]
+        if unknown or not tasks:
+            raise ValueError(f"unknown MiniWoB task {unknown[0] if unknown else None!r}; e.g. {list(DEFAULT_TASKS)}")
+        self.tasks, self.max_turns, self.page_chars = tasks, max_turns, page_chars
+        self.headless, self.render_mode = bool(headless), render_mode
+        self.executable = chromium or find_chromium(self.headless)
+        self.base_url = miniwob_html_dir().as_uri() + "/"
+        self.instructions = INSTRUCTIONS
+        self.stop_strings: list[str] = []
+        self.action_space = FreeText(20_000)
+        self.observation_space = ascii_text_space(page_chars + 1000)
+        self.chromium: _Chromium | None = None
+        self.task: Any = None  # the episode's browsergym-miniwob task
+        self.task_name, self.goal, self.error = "", "", ""
+        self.state = PageState("", 0.0, False, False)
+        self.last_observation = ""
+        self._turn, self._done = 0, True
+
+    def _browser(self, restart: bool = False) -> _Chromium:
+        """The env's Chromium, started (again, if it died or `restart`) on demand."""
+        if self.chromium is not None and (restart or not self.chromium.alive()):
+            self.chromium.close()
+            self.chromium = None
+        if self.chromium is None:
+            self.chromium = _Chromium(self.executable, self.headless)
+        return self.chromium
+
+    # -------------------------------------------------------------- gymnasium API
+    def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        task_seed = int(self.np_random.integers(2**31)) if seed is None else int(seed)
+        rng = np.random.default_rng([task_seed, 47])
+        if options and "task" in options:
+            self.task_name = str(options["task"])
+            if self.task_name not in self.classes:
+                raise ValueError(f"unknown MiniWoB task {self.task_name!r}")
+        else:
+            self.task_name = self.tasks[int(rng.integers(len(self.tasks)))]
+        # browsergym's task seeds MiniWoB's Math.seedrandom from this seed (through its own RandomState)
+        self.task = self.classes[self.task_name](seed=int(rng.integers(2**32)), base_url=self.base_url)
+        try:
+            self.goal, self.state = self._browser().setup(self.task)
+        except Exception:  # Chromium died under the page: a fresh one, once
+            self.goal, self.state = self._browser(restart=True).setup(self.task)
+        self.error, self._turn, self._done = "", 0, False
+        info = {"is_success": False, "action_is_valid": True, "feedback": "", "task": self.task_name}
+        return self._observe(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.task is None or self.chromium is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode is over; call reset()")
+        self._turn += 1
+        parsed = parse_action(action)
+        if isinstance(parsed, ParseError):  # the page is left alone: no need to read it again
+            self.error = f"invalid action: {parsed.reason}"
+        else:
+            try:
+                self.error, self.state = self.chromium.act(self.task, parsed)
+            except ChromiumGone:  # the next reset starts a fresh one
+                self.error = "the browser is gone; the episode is over"
+                self.state = PageState(tree="", raw_reward=-1.0, done=True, solved=False)
+        terminated = self.state.done
+        truncated = not terminated and self._turn >= self.max_turns
+        self._done = terminated or truncated
+        reward = 1.0 if self.state.solved else 0.0
+        info = {
+            "is_success": self.state.solved,
+            "action_is_valid": isinstance(parsed, Action),
+            "shaped_reward": reward,
+            "feedback": (self.error or "ok")[:200],
+            "action": str(parsed) if isinstance(parsed, Action) else "",
+            "task": self.task_name,
+            "raw_reward": self.state.raw_reward,
+        }
+        if self._done:
+            info["action_is_correct"] = self.state.solved
+        return self._observe(), reward, terminated, truncated, info
+
+    def _observe(self) -> str:
+        tree = self.state.tree
+        if len(tree) > self.page_chars:  # whole lines only
+            tree = tree[: self.page_chars].rsplit("\n", 1)[0] + "\n(the rest of the page is cut)"
+        lines = [f"Goal: {self.goal[:500]}"]
+        if self.error:
+            lines.append(f"Error: {self.error}")
+        lines.append(tree)
+        if self._done:
+            lines.append("The episode is over.")
+        self.last_observation = printable("\n".join(lines))[: self.observation_space.max_length]
+        return self.last_observation
+
+    def render(self) -> str | None:
+        return self.last_observation if self.render_mode == "ansi" else None
+
+    def close(self) -> None:
+        if self.chromium is not None:
+            self.chromium.close()
+            self.chromium = None
+        super().close()
+
+    def __del__(self) -> None:  # an env dropped without close() still takes its Chromium down
+        try:
+            self.close()
+        except Exception:  # at interpreter exit: playwright's driver ends Chromium as the process goes
+            pass
+
+
+# ------------------------------------------------------------------ scripted oracle
+_ELEMENT = re.compile(r"^\s*\[(?P<bid>[^\]]+)\] (?P<role>\S+) (?P<q>['\"])(?P<name>.*?)(?P=q)", re.M)
+
+
+def page_elements(observation: str) -> list[tuple[str, str, str]]:
+    """(bid, role, name) of every element with a bid in an observation's tree."""
+    return [(m["bid"], m["role"], m["name"]) for m in _ELEMENT.finditer(observation)]
+
+
+def _bid(elements: list[tuple[str, str, str]], role: str, name: str | None = None) -> str:
+    for bid, r, n in elements:
+        if r == role and (name is None or n == name):
+            return bid
+    raise ValueError(f"no {role} {name!r} on the page")
+
+
+def oracle_actions(task: str, observation: str) -> list[str]:
+    """The replies that solve `task` from its first observation (the goal and the tree, as an agent sees them).
+    Covers `DEFAULT_TASKS`; ValueError for another task or a page it cannot read."""
+    goal = observation.split("\n", 1)[0].removeprefix("Goal: ")
+    els = page_elements(observation)
+    quoted = re.findall(r'"([^"]*)"', goal)
+    def submit() -> str:
+        return f'click("{_bid(els, "button", "Submit")}")'
+
+    if task == "click-test":
+        return [f'click("{_bid(els, "button")}")']
+    if task == "click-button":
+        return [f'click("{_bid(els, "button", quoted[0])}")']
+    if task == "click-button-sequence":
+        return [f'click("{_bid(els, "button", "ONE")}")', f'click("{_bid(els, "button", "TWO")}")']
+    if task == "click-dialog":
+        return [f'click("{_bid(els, "button", "Close")}")']
+    if task == "click-checkboxes":
+        names = re.fullmatch(r"Select (.*) and click Submit\.", goal)[1]
+        picks = [] if names == "nothing" else names.split(", ")
+        return [f'click("{_bid(els, "checkbox", n)}")' for n in picks] + [submit()]
+    if task == "click-option":
+        name = re.fullmatch(r"Select (.*) and click Submit\.", goal)[1]
+        return [f'click("{_bid(els, "radio", name)}")', submit()]
+    if task == "choose-list":
+        name = re.fullmatch(r"Select (.*) from the list and click Submit\.", goal)[1]
+        return [f'select_option("{_bid(els, "combobox")}", {name!r})', submit()]
+    if task == "focus-text":
+        return [f'focus("{_bid(els, "textbox")}")']
+    if task == "enter-text":
+        return [f'fill("{_bid(els, "textbox")}", {quoted[0]!r})', submit()]
+    if task == "login-user":
+        boxes = [bid for bid, role, _ in els if role == "textbox"]
+        login = _bid(els, "button", "Login")
+        return [f'fill("{boxes[0]}", {quoted[0]!r})', f'fill("{boxes[1]}", {quoted[1]!r})', f'click("{login}")']
+    raise ValueError(f"no oracle for MiniWoB task {task!r}; it covers {list(DEFAULT_TASKS)}")

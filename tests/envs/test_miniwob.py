@@ -1,0 +1,274 @@
+"""`esopt/MiniWoB-v0`: real MiniWoB++ task pages in Debian's headless Chromium, read through BrowserGym's
+accessibility tree. The scripted oracle solves every default task and wrong actions score 0; malformed replies
+cost a turn; seeds fix the instance; the env keeps the agent-env contract; Chromium is gone after `close()` and
+after its parent process is SIGKILLed; fuzzed replies never crash it.
+
+Runs where `make` installed the `web-browser` extra (miniwob, browsergym-miniwob, playwright) and Debian's
+chromium-headless-shell; skipped elsewhere. One env (one Chromium) serves the module."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("playwright.sync_api")
+pytest.importorskip("browsergym.miniwob")
+from gymnasium.utils.env_checker import check_env as gymnasium_check_env  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from esopt.envs import MINIWOB_ID, check_env, make_env  # noqa: E402
+from esopt.envs.web.actions import Action, ParseError, parse_action  # noqa: E402
+from esopt.envs.web.miniwob import (  # noqa: E402
+    DEFAULT_TASKS,
+    MiniWoBEnv,
+    MiniWoBUnavailable,
+    missing_requirement,
+    oracle_actions,
+    page_elements,
+    task_classes,
+)
+
+MISSING = missing_requirement()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
+REPO = Path(__file__).resolve().parents[2]
+
+
+def browser_processes(root: int | None = None) -> list[psutil.Process]:
+    """Chromium and playwright's node driver under `root` (this process by default)."""
+    found = []
+    for p in psutil.Process(root).children(recursive=True):
+        try:
+            if any(k in p.name().lower() for k in ("chrom", "node")):
+                found.append(p)
+        except psutil.NoSuchProcess:  # a renderer that just exited
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = MiniWoBEnv()
+    env.reset(seed=0)
+    assert any("chrom" in p.name().lower() for p in browser_processes())
+    yield env
+    running = browser_processes()  # its Chromium may have been restarted (the crash test)
+    env.close()
+    _, alive = psutil.wait_procs(running, timeout=15)  # returns as soon as all have exited
+    assert not alive
+
+
+def play(env, actions):
+    out = None
+    for action in actions:
+        out = env.step(action)
+    return out
+
+
+def test_default_tasks_ship_with_the_wheel():
+    assert len(DEFAULT_TASKS) == 10 and set(DEFAULT_TASKS) <= set(task_classes())
+
+
+@pytest.mark.parametrize("task", DEFAULT_TASKS)
+def test_oracle_solves_each_default_task(env, task):
+    for seed in (1, 2**31 + 1):  # a training and a test instance
+        obs, info = env.reset(seed=seed, options={"task": task})
+        assert info["task"] == task and obs.startswith("Goal: ") and "[" in obs
+        plan = oracle_actions(task, obs)
+        for k, action in enumerate(plan):
+            obs, reward, terminated, truncated, info = env.step(action)
+            assert info["action_is_valid"] and info["feedback"] == "ok", (action, info)
+            assert terminated == (k == len(plan) - 1) and not truncated, (task, seed, action)
+        assert reward == 1.0 and info["is_success"] and info["action_is_correct"], (task, seed, obs)
+        assert info["shaped_reward"] == 1.0 and info["raw_reward"] > 0
+        assert obs.endswith("The episode is over.")
+
+
+def wrong_actions(task: str, obs: str) -> list[str]:
+    """Replies that end `task` unsolved: the wrong target, the wrong text, the wrong order."""
+    els = page_elements(obs)
+    quoted = re.findall(r'"([^"]*)"', obs.split("\n", 1)[0])
+    bids = {role: [b for b, r, _ in els if r == role] for role in ("button", "textbox", "combobox")}
+    submit = next((f'click("{b}")' for b, role, name in els if role == "button" and name in ("Submit", "Login")), "")
+    if task == "click-button":
+        return [next(f'click("{b}")' for b, role, name in els if role == "button" and name != quoted[0])]
+    if task == "click-button-sequence":
+        return oracle_actions(task, obs)[::-1]
+    if task == "enter-text":
+        return [f'fill("{bids["textbox"][0]}", "x{quoted[0]}")', submit]
+    if task == "choose-list":
+        target = re.search(r"Select (.*) from the list", obs)[1]
+        other = next(name for _, role, name in els if role == "option" and name != target)
+        return [f'select_option("{bids["combobox"][0]}", {other!r})', submit]
+    if task == "login-user":  # username and password swapped
+        user, password = bids["textbox"]
+        return [f'fill("{user}", {quoted[1]!r})', f'fill("{password}", {quoted[0]!r})', submit]
+    raise AssertionError(task)
+
+
+@pytest.mark.parametrize("task", ["click-button", "click-button-sequence", "enter-text", "choose-list", "login-user"])
+def test_wrong_actions_score_zero(env, task):
+    obs, _ = env.reset(seed=5, options={"task": task})
+    obs, reward, terminated, truncated, info = play(env, wrong_actions(task, obs))
+    assert terminated and not truncated and reward == 0.0 and not info["is_success"], obs
+    assert info["shaped_reward"] == 0.0 and info["raw_reward"] < 0 and not info["action_is_correct"]
+
+
+def test_malformed_replies_cost_a_turn_with_feedback(env):
+    env.max_turns = 4
+    try:
+        env.reset(seed=3, options={"task": "enter-text"})
+        replies = ["I would click the button", 'click("14"', "fill('14')", 'click("999")']
+        for k, reply in enumerate(replies):
+            obs, reward, terminated, truncated, info = env.step(reply)
+            assert reward == 0.0 and not terminated and truncated == (k == 3)
+            assert "Error: " in obs and info["feedback"] in obs
+            assert info["action_is_valid"] == (k == 3)  # a valid call on an unknown bid: the browser says why
+            assert ("invalid action" in info["feedback"]) == (k < 3)
+        assert "Could not find element" in info["feedback"] and obs.endswith("The episode is over.")
+        with pytest.raises(RuntimeError, match="episode is over"):
+            env.step('click("15")')
+    finally:
+        env.max_turns = 10
+    env.reset(seed=3, options={"task": "enter-text"})
+    obs, _, terminated, _, info = env.step('goto("file:///etc/passwd")')
+    assert info["action_is_valid"] and "does nothing here" in info["feedback"] and not terminated
+    assert "root:" not in obs
+
+
+def test_same_seed_same_instance_and_seeds_spread_tasks(env):
+    a, info_a = env.reset(seed=7)
+    env.reset(seed=8)
+    b, info_b = env.reset(seed=7)
+    assert a == b and info_a == info_b
+    seeds = (0, 1, 2, 2**31, 2**31 + 2**30)  # training, test and validation seeds
+    goals = {env.reset(seed=s, options={"task": "enter-text"})[0].split("\n")[0] for s in seeds}
+    assert len(goals) >= 4  # instance-randomised
+    drawn = {env.reset(seed=s)[1]["task"] for s in range(16)}
+    assert len(drawn) >= 5 and drawn <= set(DEFAULT_TASKS)
+
+
+def test_env_steps_from_any_thread(env):
+    obs, _ = env.reset(seed=2, options={"task": "enter-text"})
+    with ThreadPoolExecutor(2) as pool:  # as the rollout engine steps `concurrent_steps` envs
+        for action in oracle_actions("enter-text", obs):
+            reward = pool.submit(env.step, action).result()[1]
+    assert reward == 1.0
+
+
+def test_a_crashed_page_ends_the_episode_and_the_next_reset_recovers(env):
+    obs, _ = env.reset(seed=4, options={"task": "enter-text"})
+    env.chromium.call_timeout = 5  # a call the crash leaves hanging is cut short sooner than in training
+    renderers = [p for p in browser_processes() if "--type=renderer" in p.cmdline()]
+    for renderer in renderers:
+        renderer.kill()
+    psutil.wait_procs(renderers, timeout=5)
+    obs, reward, terminated, _, info = env.step(oracle_actions("enter-text", obs)[0])
+    assert terminated and reward == 0.0 and "episode is over" in info["feedback"], info
+    obs, _ = env.reset(seed=4, options={"task": "enter-text"})
+    assert play(env, oracle_actions("enter-text", obs))[1] == 1.0
+
+
+def test_observation_is_capped_ascii(env):
+    env.page_chars = 200
+    try:
+        obs, _ = env.reset(seed=1, options={"task": "click-checkboxes"})
+    finally:
+        env.page_chars = 1500
+    tree = obs.split("\n", 1)[1]
+    assert len(tree) <= 200 + len("\n(the rest of the page is cut)") and obs.isascii()
+    assert "url=" not in obs and "InlineTextBox" not in obs
+
+
+def test_agent_env_contract_and_gymnasium_checker(env):
+    check_env(env)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gymnasium_check_env(env, skip_render_check=True)
+
+
+def test_missing_chromium_or_task_is_a_one_line_error():
+    with pytest.raises(MiniWoBUnavailable, match="no Chromium at '/nonexistent/chrome'"):
+        MiniWoBEnv(chromium="/nonexistent/chrome")
+    with pytest.raises(ValueError, match="unknown MiniWoB task 'nope'"):
+        make_env(MINIWOB_ID, tasks=["nope"])
+
+
+def test_processes_gone_after_close():
+    before = {p.pid for p in browser_processes()}  # the shared env's, if it is up
+    env = make_env(MINIWOB_ID, tasks=["click-test"])
+    env.reset(seed=0)
+    started = [p for p in browser_processes() if p.pid not in before]
+    assert any("chrom" in p.name().lower() for p in started)
+    env.close()
+    env.close()  # twice is fine
+    _, alive = psutil.wait_procs(started, timeout=10)
+    assert not alive
+
+
+CHILD = """
+import sys
+from esopt.envs.web.miniwob import MiniWoBEnv
+env = MiniWoBEnv(tasks=["click-test"])
+env.reset(seed=0)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_chromium_dies_with_its_parent_on_sigkill():
+    child = subprocess.Popen([sys.executable, "-c", CHILD], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    watchdog = threading.Timer(90, child.kill)  # a hung child cannot hang the suite
+    watchdog.start()
+    survivors: list[psutil.Process] = []
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        spawned = browser_processes(child.pid)
+        assert any("chrom" in p.name().lower() for p in spawned) and any("node" in p.name() for p in spawned)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+        _, survivors = psutil.wait_procs(spawned, timeout=10)
+        assert not survivors, [(p.pid, p.name()) for p in survivors]
+    finally:
+        watchdog.cancel()
+        child.kill()
+        for p in survivors:
+            p.kill()
+
+
+FRAGMENTS = st.sampled_from([
+    "click(", "fill(", "select_option(", "press(", "focus(", "clear(", "scroll(", "noop(", "check(", "hover(",
+    "dblclick(", "goto(", "go_back(", "send_msg_to_user(", '"', "'", "12", "14", "15", "-1", "1e309", ", ", ")",
+    "[", "]", "\n", "```", " ", "None", 'button="right"', "button=3", 'modifiers=["Shift"]', "modifiers=[1]",
+    '"Enter"', '"ArrowDown+Nope"', "(", "lambda: 0", '__import__("os").system("true")', "nan", "**", "\x00",
+])
+REPLIES = st.one_of(st.text(max_size=40), st.lists(FRAGMENTS, max_size=10).map("".join))
+
+
+@settings(max_examples=200, deadline=None)
+@given(reply=REPLIES)
+def test_parser_returns_an_action_or_a_reason(reply):
+    got = parse_action(reply)
+    assert isinstance(got, (Action, ParseError))
+
+
+@settings(max_examples=15, deadline=None)
+@given(replies=st.lists(REPLIES, min_size=1, max_size=4))
+def test_fuzzed_replies_never_crash_the_env(env, replies):
+    obs, _ = env.reset(seed=len(replies), options={"task": "login-user"})
+    for reply in replies:
+        obs, reward, terminated, truncated, info = env.step(reply)
+        assert obs in env.observation_space and reward in (0.0, 1.0) and isinstance(info["feedback"], str)
+        if terminated or truncated:
+            break
