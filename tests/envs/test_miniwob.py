@@ -272,3 +272,60 @@ def test_fuzzed_replies_never_crash_the_env(env, replies):
         assert obs in env.observation_space and reward in (0.0, 1.0) and isinstance(info["feedback"], str)
         if terminated or truncated:
             break
+
+
+def test_worked_examples_are_oracle_turns_round_robin_over_the_tasks(env):
+    from esopt.envs.web import miniwob
+
+    miniwob._EXAMPLES.clear()
+    turns = env.example_turns(20)  # two rounds over the ten default tasks
+    assert [(e.observation, e.reply) for e in turns] == env.worked_examples(20)
+    assert {e.task for e in turns[:10]} == set(DEFAULT_TASKS) and all(e.turn == 0 for e in turns[:10])
+    assert [e.task for e in turns[:2]] == ["click-test", "choose-list"]  # a click, then a new kind of action
+    assert len({e.action for e in turns[:4]}) == 4  # click, select_option, focus, fill
+    for e in turns:
+        action = parse_action(e.reply)
+        assert isinstance(action, Action) and e.reply == miniwob.canonical_call(e.reply), e.reply
+        assert e.observation.startswith("Goal: ") and len(e.observation) < 600 and "Error" not in e.observation
+        assert action == parse_action(oracle_actions(e.task, e.observation)[e.turn]), e  # the oracle's reply there
+    later = {e.task: e for e in turns[10:]}  # the second round: second turns (one-step tasks: first turns again)
+    assert {e.task for e in turns[10:]} == set(DEFAULT_TASKS) and later["click-test"].turn == 0
+    assert later["enter-text"].turn == 1 and "value=" in later["enter-text"].observation
+    assert later["enter-text"].reply.startswith("click(")  # the Submit button, once the text is in
+    assert env.worked_examples(2) == [(e.observation, e.reply) for e in turns[:2]]
+    miniwob._EXAMPLES.clear()  # built again from scratch: the same examples
+    assert env.example_turns(20) == turns
+    assert env.worked_examples(2, seed=1) != env.worked_examples(2)
+
+
+def test_worked_examples_leave_the_episode_and_the_next_reset_alone(env):
+    from esopt.envs.web import miniwob
+
+    fresh, info = env.reset(seed=11, options={"task": "enter-text"})
+    plan = oracle_actions("enter-text", fresh)
+    middle = env.step(plan[0])[0]
+    state = env.np_random.bit_generator.state
+    miniwob._EXAMPLES.clear()
+    assert len(env.worked_examples(3, seed=5)) == 3  # played in a scratch context of the env's Chromium
+    assert env.np_random.bit_generator.state == state and env.last_observation == middle
+    assert env.chromium._run(lambda: len(env.chromium.context.pages)) == 1  # the scratch context is gone
+    _, reward, terminated, _, _ = env.step(plan[1])  # the episode goes on where it was
+    assert terminated and reward == 1.0
+    assert env.reset(seed=11, options={"task": "enter-text"}) == (fresh, info)
+    again = env.reset(seed=12)
+    miniwob._EXAMPLES.clear()
+    env.worked_examples(2, seed=6)
+    assert env.reset(seed=12) == again
+
+
+def test_worked_examples_of_tasks_without_an_oracle(env):
+    spare = [t for t in task_classes() if t not in DEFAULT_TASKS][0]
+    tasks = env.tasks
+    env.tasks = [spare, "focus-text"]
+    try:
+        assert [e.task for e in env.example_turns(2, seed=9)] == ["focus-text", "focus-text"]
+        env.tasks = [spare]
+        with pytest.raises(NotImplementedError, match="no worked examples"):
+            env.worked_examples(1, seed=9)
+    finally:
+        env.tasks = tasks

@@ -41,6 +41,19 @@ it too, with reward 0) or the page leaves the task's URL; truncated after `max_t
 `page_chars` (1500), `headless` (True), `chromium` (the browser binary; default Debian's chromium-headless-shell,
 or chromium when not headless), `render_mode` (None or "ansi").
 
+## Worked examples
+`worked_examples(count, seed)`: (observation, reply) turns of the scripted oracle (`oracle_actions`), the reply
+just the action call (`click("13")`, `fill("14", "Thaddeus")`). Example k of a round is one turn of one task, round
+robin over `tasks` (those the oracle covers): in each round every task gives one fresh instance and one turn of its
+solution (round r: turn r mod the solution's length, so round 0 shows first turns), the tasks whose action kind
+(click, fill, ...) is new to the round first, then the rest in `tasks` order; so 2 examples of the default tasks
+are a click and a select_option. Instances are no env seed's: browsergym's task seed is drawn from a stream of
+their own (`[seed, EXAMPLE_STREAM, crc32(task), round]`, where reset draws from `[env seed, 47]`); as MiniWoB keys
+an instance by one of 10^6 `Math.seedrandom` values (and tasks like click-test have one), an episode can still
+meet an identical page by chance. The turns are played in a separate browser context of the env's Chromium
+(started if need be), closed afterwards: the episode's page, its state and the env's RNG are left alone. Built
+once per process for each (tasks, page_chars, seed).
+
 ## Processes
 One Chromium per env (Debian's binary, launched by playwright with `executable_path`), started on the first
 reset, reused by every reset (the task page is loaded again) and closed by `close()` (or when the env is garbage
@@ -61,12 +74,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import json
 import queue
 import re
 import shutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +115,7 @@ TIMEOUT_MS, ACTION_TIMEOUT_MS = 5000, 500  # playwright's default timeout (Brows
 START_TIMEOUT_S, CALL_TIMEOUT_S = 120, 60  # then Chromium is taken as hung: killed, and a fresh one started
 SETTLE_MS = 50  # after an action, before reading the page: lets the task's event handlers run
 MAX_NOOP_MS, MAX_SCROLL = 1000, 5000
+EXAMPLE_STREAM = 0xE8A  # the worked examples' instances: a seed stream reset never draws from (it uses 47)
 IGNORED_ROLES = ["LineBreak", "InlineTextBox"]  # Chromium 150+ adds InlineTextBox nodes under every text
 NOT_HERE = ("goto", "go_back", "go_forward", "send_msg_to_user", "report_infeasible")
 BUTTONS, MODIFIERS = ("left", "middle", "right"), ("Alt", "Control", "ControlOrMeta", "Meta", "Shift")
@@ -293,6 +310,30 @@ class _Chromium:
 
     def _alive(self) -> bool:
         return self.browser.is_connected()
+
+    @contextmanager
+    def scratch(self) -> Iterator[None]:
+        """Calls inside run in a fresh browser context (its own page, cookies and storage), closed on the way
+        out; the env's page is left as it was."""
+        saved = self._run(self._enter_scratch)
+        try:
+            yield
+        finally:
+            self._run(self._leave_scratch, saved)
+
+    def _enter_scratch(self) -> tuple[Any, Any, bool]:
+        saved = (self.context, self.page, self.crashed)
+        self.context = self.browser.new_context(viewport=VIEWPORT)
+        self.context.set_default_timeout(TIMEOUT_MS)
+        self._new_page()
+        return saved
+
+    def _leave_scratch(self, saved: tuple[Any, Any, bool]) -> None:
+        try:
+            self.context.close()
+        except Exception:  # the scratch page crashed: the context goes with Chromium's cleanup
+            pass
+        self.context, self.page, self.crashed = saved
 
     def setup(self, task: Any) -> tuple[str, PageState]:
         """Load and start `task` (a browsergym-miniwob task): its goal and the page."""
@@ -511,17 +552,61 @@ class MiniWoBEnv(AgentEnv):
         return self._observe(), reward, terminated, truncated, info
 
     def _observe(self) -> str:
-        tree = self.state.tree
+        self.last_observation = self._format(self.goal, self.error, self.state.tree, self._done)
+        return self.last_observation
+
+    def _format(self, goal: str, error: str, tree: str, done: bool) -> str:
+        """The observation of a page: the goal, the error if any, the tree (capped), the end if over."""
         if len(tree) > self.page_chars:  # whole lines only
             tree = tree[: self.page_chars].rsplit("\n", 1)[0] + "\n(the rest of the page is cut)"
-        lines = [f"Goal: {self.goal[:500]}"]
-        if self.error:
-            lines.append(f"Error: {self.error}")
+        lines = [f"Goal: {goal[:500]}"]
+        if error:
+            lines.append(f"Error: {error}")
         lines.append(tree)
-        if self._done:
+        if done:
             lines.append("The episode is over.")
-        self.last_observation = printable("\n".join(lines))[: self.observation_space.max_length]
-        return self.last_observation
+        return printable("\n".join(lines))[: self.observation_space.max_length]
+
+    # -------------------------------------------------------------- worked examples
+    def worked_examples(self, count: int, seed: int = 0) -> list[tuple[str, str]]:
+        """`count` (observation, reply) turns of the oracle on instances no env seed draws, round robin over
+        `tasks` (see the module's "Worked examples"); the same for the same seed, tasks and page_chars."""
+        return [(e.observation, e.reply) for e in self.example_turns(count, seed)]
+
+    def example_turns(self, count: int, seed: int = 0) -> list[WorkedExample]:
+        """`worked_examples` with each turn's task and turn number (what the tests check them against)."""
+        key = (tuple(self.tasks), self.page_chars, int(seed))
+        built = _EXAMPLES.setdefault(key, [])
+        while sum(len(r) for r in built) < count:
+            found = self._example_round(int(seed), len(built))
+            if not found:
+                raise NotImplementedError(f"MiniWoBEnv has no worked examples for tasks {self.tasks} (the oracle "
+                                          f"covers {list(DEFAULT_TASKS)}): set env.few_shot to 0")
+            built.append(found)
+        return [e for r in built for e in r][: max(count, 0)]
+
+    def _example_round(self, seed: int, round_: int) -> list[WorkedExample]:
+        """One turn of one fresh instance of each task the oracle covers; new action kinds first."""
+        found = []
+        chromium = self._browser()
+        with chromium.scratch():
+            for name in dict.fromkeys(self.tasks):
+                if name not in DEFAULT_TASKS:  # no oracle
+                    continue
+                rng = np.random.default_rng([seed & (2**64 - 1), EXAMPLE_STREAM, zlib.crc32(name.encode()), round_])
+                task = self.classes[name](seed=int(rng.integers(2**32)), base_url=self.base_url)
+                goal, state = chromium.setup(task)
+                observation = self._format(goal, "", state.tree, False)
+                plan = oracle_actions(name, observation)
+                turn = round_ % len(plan)
+                for action in plan[:turn]:
+                    error, state = chromium.act(task, parse_action(action))
+                    if error or state.done:
+                        raise RuntimeError(f"the MiniWoB oracle failed on {name}: {error or 'ended early'}")
+                    observation = self._format(goal, "", state.tree, False)
+                found.append(WorkedExample(name, turn, observation, canonical_call(plan[turn])))
+        lead = {e.action: k for k, e in reversed(list(enumerate(found)))}.values()  # each action kind's first
+        return [found[k] for k in sorted(range(len(found)), key=lambda k: (k not in lead, k))]
 
     def render(self) -> str | None:
         return self.last_observation if self.render_mode == "ansi" else None
@@ -537,6 +622,35 @@ class MiniWoBEnv(AgentEnv):
             self.close()
         except Exception:  # at interpreter exit: playwright's driver ends Chromium as the process goes
             pass
+
+
+@dataclass(frozen=True)
+class WorkedExample:
+    """One worked turn: the task, which turn of the oracle's solution, what the agent sees, the reply."""
+
+    task: str
+    turn: int
+    observation: str
+    reply: str
+
+    @property
+    def action(self) -> str:
+        return self.reply.split("(", 1)[0]
+
+
+_EXAMPLES: dict[tuple, list[list[WorkedExample]]] = {}  # (tasks, page_chars, seed) -> the rounds built so far
+
+
+def canonical_call(reply: str) -> str:
+    """A reply's action call as the model should write it: positional literals, strings in double quotes, one
+    option as a string (`select_option("13", "Lola")`)."""
+    action = parse_action(reply)
+    if not isinstance(action, Action):
+        raise ValueError(f"not an action call: {reply!r} ({action.reason})")
+    values = [v[0] if isinstance(v, list) and len(v) == 1 else v for v in action.args.values()]
+    args = ", ".join(json.dumps(v) if isinstance(v, (str, list)) else repr(v) for v in values)
+    call = f"{action.name}({args})"
+    return call if parse_action(call) == action else str(action)
 
 
 # ------------------------------------------------------------------ scripted oracle
