@@ -13,7 +13,7 @@ from esopt.engines.hf import HFEngine
 from esopt.models.tiny import build_tiny_model
 from esopt.rollout import Trajectory, Turn
 from esopt.train.config import ConfigError, build_config, load_config
-from esopt.train.pg import STATE_FILE, collate, frozen_copy, minibatch_norm
+from esopt.train.pg import STATE_FILE, batch_logprobs, collate, frozen_copy, minibatch_norm
 from esopt.train.pg.grpo import GRPO, GRPOTrainConfig, group_advantages, grpo_samples, train
 
 TINY = {"model": {"name": "tiny"}, "env": {"kwargs": {"size": 4, "h_star": 2}},
@@ -83,6 +83,8 @@ def test_one_update_changes_every_weight_and_lowers_its_loss(encode):
     algo = GRPO(policy, frozen_copy(model), config)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     batch, _ = algo.prepare(trajs)
+    assert batch.old_logprobs is None  # one epoch, one minibatch: on-policy, no separate pass
+    batch.old_logprobs = batch_logprobs(model, batch, 1.0, 4)  # frozen, so the loss before/after compares
     everything = torch.arange(len(batch))
     with torch.no_grad():
         loss0, _ = algo.loss(batch, minibatch_norm(batch, everything))
@@ -95,6 +97,35 @@ def test_one_update_changes_every_weight_and_lowers_its_loss(encode):
     assert loss1.item() < loss0.item()
     # the reference stays frozen at the initial weights
     assert all(torch.equal(v, before[k]) for k, v in algo.ref.named_parameters())
+
+
+def test_on_policy_step_without_the_old_logprob_pass_equals_the_step_with_it(encode):
+    """One epoch of one minibatch: taking the old log-probs from the graph (ratio 1) gives the update that a
+    separate no-grad pass would, and so does the clipped objective with two epochs (which keeps the pass)."""
+    def run(epochs: int, skip: bool):
+        model, tok = build_tiny_model(seed=1)
+        config = build_config({"algo": "grpo", "seed": 0, "grpo": {
+            "group_size": 2, "lr": 1e-3, "kl_beta": 1e-3, "epochs": epochs, "minibatch_size": 64,
+            "micro_batch_size": 4}})
+        p = encode(tok, "1 .2\n2 21\nok t3\n>")
+        good, bad = encode(tok, "set 1 2 1<eos>"), encode(tok, "zzz")
+        trajs = [traj(1.0, [(p, good)]), traj(0.0, [(p, bad)]), traj(0.0, [(p, bad)]), traj(1.0, [(p, good)])]
+        algo = GRPO(HFEngine(model, tok), frozen_copy(model), config)
+        if not skip:  # force the separate pass: the reference behaviour
+            prepare = algo.prepare
+
+            def with_pass(trajectories):
+                batch, adv = prepare(trajectories)
+                batch.old_logprobs = batch_logprobs(model, batch, algo.temperature, 4)
+                return batch, adv
+            algo.prepare = with_pass
+        algo.update(trajs, step=0)
+        return [v.detach().clone() for v in model.parameters()]
+
+    for a, b in zip(run(1, skip=True), run(1, skip=False), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    two = run(2, skip=True)  # epochs=2 keeps the pass: the second epoch's ratio is not 1
+    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(two, run(1, skip=True)))
 
 
 def test_two_step_train_writes_run_dir_and_resumes(tmp_path, resumed_like_uninterrupted, varied_env_id):

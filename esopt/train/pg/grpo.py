@@ -75,7 +75,9 @@ class GRPO:
         s = self.section
         samples, adv = grpo_samples(trajectories, s.group_size, s.reward, s.adv_eps)
         batch = collate(samples, self.policy.tokenizer.pad_token_id, self.policy.device)
-        batch.old_logprobs = batch_logprobs(self.policy.model, batch, self.temperature, s.micro_batch_size)
+        if s.epochs > 1 or len(batch) > s.minibatch_size:  # else one optimizer step at the rollout's weights:
+            # the ratio is exactly 1 there, and `policy_loss` takes the old log-probs from the graph (one pass less)
+            batch.old_logprobs = batch_logprobs(self.policy.model, batch, self.temperature, s.micro_batch_size)
         if self.ref is not None:
             batch.ref_logprobs = batch_logprobs(self.ref, batch, self.temperature, s.micro_batch_size)
         return batch, adv

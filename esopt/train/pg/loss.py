@@ -111,9 +111,11 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> tor
 
 def policy_loss(logp: torch.Tensor, batch: TokenBatch, section: PGSection, norm: Norm
                 ) -> tuple[torch.Tensor, dict[str, tuple[float, float]]]:
-    """Clipped surrogate + kl_beta * k3 KL, aggregated over generated tokens; stats as (sum, count)."""
+    """Clipped surrogate + kl_beta * k3 KL, aggregated over generated tokens; stats as (sum, count). Without
+    `old_logprobs` the samples are on-policy (the single step at the rollout's weights): ratio 1, same gradient."""
     mask = batch.mask
-    logratio = (logp - batch.old_logprobs) * mask  # masked before exp: padding never overflows
+    old = batch.old_logprobs if batch.old_logprobs is not None else logp.detach()  # None: on-policy, ratio 1
+    logratio = (logp - old) * mask  # masked before exp: padding never overflows
     ratio = torch.exp(logratio)
     adv = batch.advantages[:, None]
     eps = section.clip_eps
