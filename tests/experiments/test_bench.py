@@ -223,7 +223,7 @@ def test_variance_setup_on_the_pretrained_model():
     setup = variance.setup_from_args(parse(["--model", "smollm2", "--env-arg", "hints=candidates", "--env-arg",
                                             "examples=episode", "--few-shot", "2", "--temperature", "0.3"]))
     assert (setup.model, setup.few_shot, setup.temperature) == ("smollm2", 2, 0.3)
-    assert setup.env_kwargs == {"hints": "candidates", "examples": "episode"} and setup.micro_batch == 4
+    assert setup.env_kwargs == {"hints": "candidates", "examples": "episode"} and setup.micro_batch == 16
     assert variance.setup_from_args(parse([])).env_kwargs == {}  # no state shared between setups
     for bad, match in ((["--env-arg", "hints"], "KEY=VALUE"), (["--env-arg", "h_star=3"], "set by the analysis")):
         with pytest.raises(ValueError, match=match):
