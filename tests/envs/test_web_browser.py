@@ -8,19 +8,17 @@ chromium-headless-shell; skipped elsewhere."""
 
 from __future__ import annotations
 
-import re
 import shutil
 
 import psutil
 import pytest
 
 pytest.importorskip("browsergym.core.observation")
-from browsergym.core.observation import _post_extract, _pre_extract, extract_merged_axtree  # noqa: E402
-from browsergym.utils.obs import flatten_axtree_to_str  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from esopt.envs.web.axtree import flatten, parse_page  # noqa: E402
 from esopt.envs.web.env import WebEnv  # noqa: E402
+from esopt.envs.web.miniwob import browsergym_tree  # noqa: E402
 
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Debian chromium: `make` installs chromium-headless-shell")
@@ -56,13 +54,9 @@ def browsergym_text(browser, html: str) -> str:
     page = browser.new_page()
     try:
         page.set_content(html)
-        _pre_extract(page, tags_to_mark="standard_html", lenient=True)
-        tree = extract_merged_axtree(page)
-        _post_extract(page)
+        return browsergym_tree(page)
     finally:
         page.close()
-    text = flatten_axtree_to_str(tree, ignored_roles=["LineBreak", "InlineTextBox"])
-    return re.sub(r", url='[^']*'", "", text, count=1)
 
 
 def test_text_browser_matches_browsergym_on_every_site(chromium):

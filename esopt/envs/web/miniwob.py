@@ -389,8 +389,9 @@ class _Chromium:
                 pass
 
 
-def _extract_tree(page: Any) -> str:
-    """BrowserGym's flattened accessibility tree of `page` (as its BrowserEnv builds it), one space per level."""
+def browsergym_tree(page: Any) -> str:
+    """BrowserGym's flattened accessibility tree of `page`, as its BrowserEnv builds it (tab-indented), without
+    the ignored roles and the root's url. The text browser's parity test compares against this too."""
     from browsergym.core.observation import _post_extract, _pre_extract, extract_merged_axtree
     from browsergym.utils.obs import flatten_axtree_to_str
 
@@ -399,9 +400,13 @@ def _extract_tree(page: Any) -> str:
         tree = extract_merged_axtree(page)
     finally:
         _post_extract(page)
-    text = re.sub(r", url='[^']*'", "", flatten_axtree_to_str(tree, ignored_roles=IGNORED_ROLES), count=1)
+    return re.sub(r", url='[^']*'", "", flatten_axtree_to_str(tree, ignored_roles=IGNORED_ROLES), count=1)
+
+
+def _extract_tree(page: Any) -> str:
+    """`browsergym_tree` with one space per level instead of a tab (observations are printable ASCII)."""
     lines = []
-    for line in text.splitlines():
+    for line in browsergym_tree(page).splitlines():
         body = line.lstrip("\t")
         lines.append(" " * (len(line) - len(body)) + body)
     return "\n".join(lines)
