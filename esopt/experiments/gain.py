@@ -213,6 +213,31 @@ def rows(result: dict) -> list[dict]:
     return out
 
 
+def group_rows(result: dict, key: str) -> list[dict]:
+    """Success per kind of task (`key` of the env's last info, e.g. MiniWoB's `task`, Web-v0's `eval_types`):
+    each model against the base on that group's episodes, paired, with a bootstrap interval over its tasks."""
+    from esopt.utils.stats import paired_difference
+
+    evals, n = result["evals"], result["episodes"]
+    base = evals["base"]
+    labels = (base.get("episode_labels") or {}).get(key)
+    if labels is None:
+        known = sorted(base.get("episode_labels") or {})
+        raise ValueError(f"--by {key}: the env's infos carry no {key!r} label (they carry: {known or 'none'})")
+    out = []
+    for group in sorted(set(labels)):
+        idx = [i for i, label in enumerate(labels) if label == group]
+        tasks = len({i % n for i in idx})
+        row = {"group": group, "episodes": len(idx), "models": {}}
+        for name, ev in evals.items():
+            before = [base["episode_success"][i] for i in idx]
+            after = [ev["episode_success"][i] for i in idx]
+            d = paired_difference(before, after, tasks) if len(idx) % tasks == 0 else None
+            row["models"][name] = {"success": sum(after) / len(idx), "d_success": list(d[:3]) if d else None}
+        out.append(row)
+    return out
+
+
 def report(result: dict) -> str:
     c = result["config"]
     lines = [
@@ -251,6 +276,20 @@ def report(result: dict) -> str:
         for r in sampled_rows(result):
             lines.append(f"| {r['name']} | {r['mean_at_k']:.3f} | {fmt_change(r['d_mean'])} | {r['pass_at_k']:.3f} | "
                          f"{fmt_change(r['d_pass'])} | {r['shaped_mean']:.3f} | {fmt_change(r['d_shaped_mean'])} |")
+    if result.get("by"):
+        groups = group_rows(result, result["by"])
+        names = list(result["evals"])
+        lines += ["", f"Success per `{result['by']}` (each model's change against the base on the same episodes, "
+                  "paired bootstrap 95% interval over that group's tasks):", "",
+                  "| " + result["by"] + " | episodes | " + " | ".join(names) + " |",
+                  "|---|---|" + "---|" * len(names)]
+        for g in groups:
+            cells = []
+            for name in names:
+                m = g["models"][name]
+                change = f" ({fmt_change(m['d_success'])})" if name != "base" and m["d_success"] else ""
+                cells.append(f"{m['success']:.3f}{change}")
+            lines.append(f"| {g['group']} | {g['episodes']} | " + " | ".join(cells) + " |")
     if result["validation"]:
         scores = ", ".join(f"T={t}: {s[0]:.3f}" for t, s in result["validation"].items())
         lines += ["", f"Base temperature chosen on {result['validation_episodes']} validation episodes (success): "
@@ -276,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampling temperature of --best-of and --samples")
     p.add_argument("--samples", type=int, default=0, metavar="K",
                    help="also Mean@K and Pass@K: K sampled episodes per task for the base and each ES run")
+    p.add_argument("--by", metavar="KEY", help="also success per kind of task, from the env's last info: task "
+                   "(MiniWoB), template, tier or eval_types (Web-v0)")
     add_analysis_options(p, "OUT/gain.md, OUT/gain.json and OUT/gain_evals/")
     return p
 
@@ -293,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                      args.validation_episodes, not args.no_controls, out, progress=not args.quiet,
                      es_runs=not args.controls_only, best_of_n=args.best_of,
                      best_of_temperature=args.best_of_temperature, samples=args.samples)
-    data = {**result, "rows": rows(result), "sampled_rows": sampled_rows(result)}
+    result["by"] = args.by
+    if args.by:
+        group_rows(result, args.by)  # an unknown key fails here, with the labels the env does carry
+    data = {**result, "rows": rows(result), "sampled_rows": sampled_rows(result),
+            "group_rows": group_rows(result, args.by) if args.by else []}
     write_report(args.out, "gain", report(result), data)
     return 0
 

@@ -37,7 +37,21 @@ def evaluate(policy: Engine, config: BaseTrainConfig, spec: RolloutSpec, make_en
     # per-episode scores (same tasks and sampling seeds at every eval): paired before/after comparisons
     out["episode_success"] = [int(t.success) for t in trajectories]
     out["episode_shaped"] = [round(trajectory_score(t, "shaped"), 4) for t in trajectories]
+    labels = episode_labels(trajectories)
+    if labels:
+        out["episode_labels"] = labels
     return out
+
+
+# What an env's last info may say about the kind of task an episode was: `analyze gain --by KEY` breaks
+# success down by it (MiniWoB: `task`; Web-v0: `template`, `tier`, `eval_types`).
+LABEL_KEYS = ("task", "template", "tier", "eval_types")
+
+
+def episode_labels(trajectories) -> dict[str, list[str]]:
+    """{key: one label per episode} for each of LABEL_KEYS that the last turn's info of some episode carries."""
+    last = [t.turns[-1].info if t.turns else {} for t in trajectories]
+    return {key: [str(info.get(key, "")) for info in last] for key in LABEL_KEYS if any(key in i for i in last)}
 
 
 def base_eval_key(config: BaseTrainConfig) -> str:

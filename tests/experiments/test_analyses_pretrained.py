@@ -100,3 +100,34 @@ def test_best_of_takes_the_verifiers_pick_per_task():
     best = gain.best_of(ev, samples=2, tasks=3)
     assert best["episode_success"] == [1, 1, 0] and best["episode_shaped"] == [0.8, 0.9, 0.3]
     assert best["success_rate"] == 2 / 3
+
+
+def test_gain_by_group_pairs_each_kind_of_task_with_the_base():
+    labels = ["click-test", "enter-text"] * 4  # 8 tasks, one episode each, two kinds
+    base = {"episode_success": [1, 0, 1, 0, 1, 0, 1, 0], "episode_labels": {"task": labels}}
+    es = {"episode_success": [1, 1, 1, 1, 0, 1, 1, 0]}
+    result = {"evals": {"base": base, "es-s0": es}, "episodes": 8}
+    rows = {r["group"]: r for r in gain.group_rows(result, "task")}
+    assert rows["click-test"]["models"]["base"]["success"] == 1.0
+    assert rows["click-test"]["models"]["es-s0"]["success"] == 0.75
+    assert rows["enter-text"]["models"]["es-s0"]["success"] == 0.75
+    assert rows["enter-text"]["models"]["es-s0"]["d_success"][0] == pytest.approx(0.75)
+    assert rows["click-test"]["models"]["es-s0"]["d_success"][0] == pytest.approx(-0.25)
+    with pytest.raises(ValueError, match="carry no 'tier' label"):
+        gain.group_rows(result, "tier")
+
+
+def test_eval_records_the_env_labels_of_each_episode():
+    from esopt.rollout.trajectory import Trajectory, Turn
+    from esopt.train.evaluate import episode_labels
+
+    def episode(info):
+        t = Trajectory(task_seed=0)
+        t.turns.append(Turn(prompt="", prompt_ids=[], token_ids=[], text="", logprobs=None, reward=0.0,
+                            terminated=True, truncated=False, info=info))
+        return t
+
+    labelled = [episode({"task": "click-test"}), episode({"template": "x"}), Trajectory(task_seed=1)]
+    assert episode_labels(labelled) == {"task": ["click-test", "", ""], "template": ["", "x", ""]}
+    assert episode_labels([episode({})]) == {}
+

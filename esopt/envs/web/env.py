@@ -66,7 +66,10 @@ from esopt.envs.web.world import load_db
 SITES = ("shop", "admin", "forum", "wiki")
 TEST_BASE, VALIDATION_BASE = 2**31, 2**31 + 2**30
 # worked examples: training templates (1 and 2 steps) at seeds above every task seed, so no task is its own example
-DEMOS = (("wiki_population", 2**32 + 7), ("wiki_capital", 2**32 + 7))
+# Training templates, seeds beyond every task seed. After the first three turns (an answer, a click, an answer)
+# come direct answers from the other sites, so a longer few-shot shows more than one answer to copy.
+DEMOS = (("wiki_population", 2**32 + 7), ("wiki_capital", 2**32 + 7), ("shop_price", 2**32 + 7),
+         ("forum_post_author", 2**32 + 7), ("admin_customer_email", 2**32 + 7))
 INSTRUCTIONS = f"""You are a web agent. You browse websites on {DISPLAY_ORIGIN}: a shop (/shop/), its admin (/admin/), \
 a forum (/forum/) and a wiki (/wiki/). You are already signed in. Each turn you see the goal, the page's URL and its \
 accessibility tree: one element a line as [bid] role 'name'. Reply with one action, e.g.: {ACTION_HELP}. \
@@ -203,6 +206,7 @@ class WebEnv(AgentEnv):
         if self._done:
             raise RuntimeError("the episode is over; call reset()")
         self._turn += 1
+        self.browser.last_error = ""  # an error reports this turn's action only
         parsed = parse_action(action)
         valid, terminated = True, False
         if isinstance(parsed, ParseError):
@@ -222,6 +226,9 @@ class WebEnv(AgentEnv):
             "feedback": (self.browser.last_error or "ok")[:200],
             "url": self.browser.display(self.browser.url)[:300],
             "action": str(parsed) if isinstance(parsed, Action) else "",
+            "template": self.task.get("template", ""),
+            "tier": int(self.task.get("tier", 0)),
+            "eval_types": "+".join(self.task.get("eval", {}).get("eval_types", [])),
         }
         reward = 0.0
         if self._done:
