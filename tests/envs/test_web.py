@@ -233,10 +233,10 @@ def test_malformed_actions_cost_a_turn_with_feedback():
         assert truncated and not terminated and "only the sites on this server" in info["feedback"]
         with pytest.raises(RuntimeError, match="episode is over"):
             e.step("noop()")
-        e.reset(seed=0)  # an error is about this turn's action: a valid answer after a bad turn reads "ok"
+        e.reset(seed=0)  # an error is about this turn's action: a wrong answer after a bad turn says it is wrong
         e.step("no call here")
         _, _, terminated, _, info = e.step('send_msg_to_user("1")')
-        assert terminated and info["action_is_valid"] and info["feedback"] == "ok"
+        assert terminated and info["action_is_valid"] and info["feedback"] == "wrong: 1 of 1 checks failed"
     finally:
         e.close()
 

@@ -241,6 +241,9 @@ class WebEnv(AgentEnv):
                 checks=[ok for _, ok in result.checks],
                 answer=self.answer or "",
             )
+            if result.score < 1.0 and info["feedback"] == "ok":  # what a reflector can learn from (never shown)
+                failed = sum(not ok for _, ok in result.checks)
+                info["feedback"] = f"wrong: {failed} of {len(result.checks)} checks failed"
         return self._observe(), reward, terminated, truncated, info
 
     def evaluate(self):
