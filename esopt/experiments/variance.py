@@ -97,21 +97,50 @@ SMOKE = dict(h_stars=[1, 2], repeats=3, batch=4, members=4, member_episodes=2, d
 
 # --- projections and fits (pure) -------------------------------------------------------------------
 
+class RandomDirections:
+    """K seeded directions, uniform on the sphere in R^dim, never held whole: each block of `chunk`
+    coordinates is regenerated from (seed, block) when needed, so K x 135M fp32 (17 GB for SmolLM2) stays
+    K x chunk in memory. Projections are exact for these directions; regenerating costs one randn pass."""
+
+    def __init__(self, dim: int, k: int, seed: int, chunk: int = 1 << 20):
+        self.dim, self.k, self.seed, self.chunk = dim, k, seed, chunk
+        sq = torch.zeros(k, dtype=torch.float64)
+        for _, block in self.blocks():
+            sq += block.double().square().sum(1)
+        self.norms = sq.sqrt().float()  # (K,)
+
+    def blocks(self):
+        """(start, (K, n) unnormalised Gaussian block) over the coordinates, the same every time."""
+        for i, start in enumerate(range(0, self.dim, self.chunk)):
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+            yield start, torch.randn(self.k, min(self.chunk, self.dim - start), generator=gen)
+
+    def project(self, g: torch.Tensor) -> torch.Tensor:
+        """(K,) projections of a flat (dim,) vector on the unit directions."""
+        out = torch.zeros(self.k, dtype=torch.float64)
+        for start, block in self.blocks():
+            out += (block @ g[start:start + block.shape[1]]).double()
+        return out / self.norms.double()
+
+    def dense(self) -> torch.Tensor:
+        """(K, dim) unit rows (small dims only: tests, plots)."""
+        return torch.cat([b for _, b in self.blocks()], dim=1) / self.norms[:, None]
+
+
 def random_directions(dim: int, k: int, seed: int) -> torch.Tensor:
     """(k, dim) rows of unit norm, uniformly distributed on the sphere, from a seeded generator."""
-    gen = torch.Generator().manual_seed(seed)
-    u = torch.randn(k, dim, generator=gen, dtype=torch.float32)
-    return u / u.norm(dim=1, keepdim=True)
+    return RandomDirections(dim, k, seed).dense()
 
 
 class ProjectionStats:
     """Accumulates estimates g_r (flat vectors): their projections on K fixed directions, their sum and
     squared norms; `result()` gives the projected variance and the noise-to-signal numbers."""
 
-    def __init__(self, dim: int, directions: int | torch.Tensor, seed: int = 0):
-        """`directions`: how many to draw from `seed`, or a (K, dim) tensor of unit rows to share."""
+    def __init__(self, dim: int, directions: int | torch.Tensor | RandomDirections, seed: int = 0):
+        """`directions`: how many to draw from `seed`, or shared directions ((K, dim) unit rows or a
+        `RandomDirections`)."""
         self.dim = dim
-        self.u = directions if isinstance(directions, torch.Tensor) else random_directions(dim, directions, seed)
+        self.u = RandomDirections(dim, directions, seed) if isinstance(directions, int) else directions
         self.proj: list[np.ndarray] = []
         self.total = torch.zeros(dim, dtype=torch.float64)
         self.sq_norms: list[float] = []
@@ -120,7 +149,8 @@ class ProjectionStats:
         g = g.detach().reshape(-1).float().cpu()
         if g.numel() != self.dim:
             raise ValueError(f"estimate has {g.numel()} elements, expected {self.dim}")
-        self.proj.append((self.u @ g).double().numpy())
+        u = self.u
+        self.proj.append((u.project(g) if isinstance(u, RandomDirections) else (u @ g).double()).numpy())
         self.total += g.double()
         self.sq_norms.append(float(g.double().square().sum()))
 
@@ -240,7 +270,7 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     sampling = SamplingParams(temperature=setup.temperature, max_new_tokens=setup.max_new_tokens)
     es = ES(policy.model, ESConfig(population_size=setup.members, antithetic=setup.antithetic, sigma=setup.sigma,
                                    sigma_min=setup.sigma, sigma_schedule="constant", alpha=0.0, seed=setup.seed))
-    directions = random_directions(dim, setup.directions, setup.seed)  # the same K directions everywhere
+    directions = RandomDirections(dim, setup.directions, setup.seed)  # the same K directions everywhere
     rows, t0 = [], time.perf_counter()
     for h in setup.h_stars:
         kwargs = {**setup.env_kwargs, "size": setup.size, "h_star": h, "reward": "shaped"}

@@ -39,6 +39,17 @@ def test_projection_stats_recover_a_known_variance():
     assert zero.result()["nsr"] == math.inf
 
 
+def test_chunked_directions_project_like_the_dense_ones():
+    # blocks of 7 over 30 coordinates (a ragged last block): the same unit directions, regenerated per use
+    dirs = variance.RandomDirections(30, 5, seed=2, chunk=7)
+    u = dirs.dense()
+    assert u.shape == (5, 30) and torch.allclose(u.norm(dim=1), torch.ones(5))
+    g = torch.randn(30, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(dirs.project(g).float(), u @ g, atol=1e-5)
+    assert torch.equal(variance.RandomDirections(30, 5, seed=2, chunk=7).dense(), u)
+    assert not torch.equal(variance.RandomDirections(30, 5, seed=3, chunk=7).dense(), u)
+
+
 def test_fits_recover_slopes_and_baselines_center():
     hs = [2, 4, 6, 8]
     f = variance.fits(hs, [0.3 * h for h in hs])  # var linear in H*: exponent 1
