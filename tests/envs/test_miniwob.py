@@ -1,13 +1,17 @@
 """`esopt/MiniWoB-v0`: real MiniWoB++ task pages in Debian's headless Chromium, read through BrowserGym's
 accessibility tree. The scripted oracle solves every default task and wrong actions score 0; malformed replies
-cost a turn; seeds fix the instance; the env keeps the agent-env contract; Chromium is gone after `close()` and
-after its parent process is SIGKILLed; fuzzed replies never crash it.
+cost a turn; seeds fix the instance; the env keeps the agent-env contract; a process's envs share one Chromium,
+each in a context of its own; Chromium is gone after the last `close()` and after its parent process is
+SIGKILLed, and launched again when it dies; fuzzed replies never crash it.
 
 Runs where `make` installed the `web-browser` extra (miniwob, browsergym-miniwob, playwright) and Debian's
-chromium-headless-shell; skipped elsewhere. One env (one Chromium) serves the module."""
+chromium-headless-shell; skipped elsewhere. One env serves the module; the shared Chromium it holds serves the
+envs other tests open besides."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -15,6 +19,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,6 +59,26 @@ def browser_processes(root: int | None = None) -> list[psutil.Process]:
         except psutil.NoSuchProcess:  # a renderer that just exited
             pass
     return found
+
+
+def chromium_browsers(root: int | None = None) -> list[psutil.Process]:
+    """Chromium's browser processes under `root`: those playwright's node drivers launched (not their renderers,
+    GPU or utility processes)."""
+    found = []
+    for p in browser_processes(root):
+        try:
+            if "node" in p.name().lower():
+                found += [c for c in p.children() if "chrom" in c.name().lower()]
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def launches() -> int:
+    """How many times this process launched a shared Chromium."""
+    from esopt.envs.web import miniwob
+
+    return sum(shared.launches for shared in miniwob._SHARED.values())
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +193,7 @@ def test_env_steps_from_any_thread(env):
 
 def test_a_crashed_page_ends_the_episode_and_the_next_reset_recovers(env):
     obs, _ = env.reset(seed=4, options={"task": "enter-text"})
-    env.chromium.call_timeout = 5  # a call the crash leaves hanging is cut short sooner than in training
+    env.session.call_timeout = 5  # a call the crash leaves hanging is cut short sooner than in training
     renderers = [p for p in browser_processes() if "--type=renderer" in p.cmdline()]
     for renderer in renderers:
         renderer.kill()
@@ -216,35 +241,114 @@ def test_processes_gone_after_close():
     assert not alive
 
 
+def test_envs_share_one_chromium_each_in_a_context_of_its_own(env):
+    env.reset(seed=0)  # the module's env holds the shared Chromium: the others join it
+    before = launches()
+    envs = [MiniWoBEnv(tasks=["enter-text"]) for _ in range(2)] + [MiniWoBEnv(tasks=["click-checkboxes"])]
+    try:
+        first = [e.reset(seed=s)[0] for e, s in zip(envs, (1, 3, 1))]
+        assert launches() == before and len(chromium_browsers()) == 1
+        assert len([p for p in browser_processes() if "node" in p.name()]) == 1
+        sessions = [e.session for e in (env, *envs)]
+        assert len({id(s.chromium) for s in sessions}) == 1 and len({id(s.context) for s in sessions}) == 4
+        # each page is its own instance: the one an env alone would get for that task and seed
+        assert first[0] != first[1] and first[0].startswith("Goal: Enter") and first[2].startswith("Goal: Select")
+        assert env.reset(seed=1, options={"task": "enter-text"})[0] == first[0]
+        assert env.reset(seed=1, options={"task": "click-checkboxes"})[0] == first[2]
+        # stepped from threads at once, as the rollout engine steps them; one's page leaves the others' alone
+        plans = [oracle_actions(e.task_name, o) for e, o in zip(envs, first)]
+        with ThreadPoolExecutor(len(envs)) as pool:
+            ends = list(pool.map(play, envs, plans))
+        assert [end[1] for end in ends] == [1.0, 1.0, 1.0], [end[0] for end in ends]
+    finally:
+        for e in envs:
+            e.close()
+    assert env.session.chromium.alive() and env.reset(seed=1, options={"task": "enter-text"})[0] == first[0]
+
+
+@pytest.mark.parametrize("how", ["kill", "close"])
+def test_a_dead_chromium_is_launched_again_on_the_next_reset(env, how):
+    fresh = env.reset(seed=6, options={"task": "enter-text"})
+    other = MiniWoBEnv(tasks=["click-test"])
+    try:
+        other.reset(seed=0)
+        dead, before = env.session.chromium, launches()
+        if how == "kill":  # Chromium crashed, or was killed
+            for p in dead.launched:
+                p.kill()
+            psutil.wait_procs(dead.launched, timeout=10)
+        else:  # closed under the envs
+            dead.run(dead.browser.close)
+        obs, reward, terminated, _, info = env.step(oracle_actions("enter-text", fresh[0])[0])
+        assert terminated and reward == 0.0 and "episode is over" in info["feedback"], info  # ended, unsolved
+        assert env.reset(seed=6, options={"task": "enter-text"}) == fresh  # a fresh Chromium: the same instance
+        assert play(other, oracle_actions("click-test", other.reset(seed=0)[0]))[1] == 1.0
+        assert launches() == before + 1 and env.session.chromium is other.session.chromium is not dead
+        assert len(chromium_browsers()) == 1 and not dead.thread.is_alive()
+        assert play(env, oracle_actions("enter-text", fresh[0]))[1] == 1.0
+    finally:
+        other.close()
+
+
 CHILD = """
-import sys
-from esopt.envs.web.miniwob import MiniWoBEnv
-env = MiniWoBEnv(tasks=["click-test"])
-env.reset(seed=0)
-print("ready", flush=True)
+import json, sys
+from esopt.envs.web import miniwob
+envs = [miniwob.MiniWoBEnv(tasks=["enter-text"]) for _ in range(int(sys.argv[1]))]
+goals = [env.reset(seed=2 * k + 1)[0].split("\\n")[0] for k, env in enumerate(envs)]
+print(json.dumps({"launches": sum(s.launches for s in miniwob._SHARED.values()), "goals": goals}), flush=True)
+for env in envs:  # one env closed for each line read
+    sys.stdin.readline()
+    env.close()
+    print("closed", flush=True)
 sys.stdin.read()
 """
 
 
-def test_chromium_dies_with_its_parent_on_sigkill():
-    child = subprocess.Popen([sys.executable, "-c", CHILD], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+@contextlib.contextmanager
+def child_with_envs(envs: int) -> Iterator[tuple[subprocess.Popen, dict]]:
+    """A Python process with `envs` MiniWoB envs reset (on seeds 1, 3, 5, ...), and what it printed then."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(envs)], cwd=REPO, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     watchdog = threading.Timer(90, child.kill)  # a hung child cannot hang the suite
     watchdog.start()
-    survivors: list[psutil.Process] = []
     try:
-        assert child.stdout.readline().strip() == "ready"
-        spawned = browser_processes(child.pid)
-        assert any("chrom" in p.name().lower() for p in spawned) and any("node" in p.name() for p in spawned)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=10)
-        _, survivors = psutil.wait_procs(spawned, timeout=10)
-        assert not survivors, [(p.pid, p.name()) for p in survivors]
+        yield child, json.loads(child.stdout.readline() or "{}")
     finally:
         watchdog.cancel()
         child.kill()
-        for p in survivors:
-            p.kill()
+        child.wait(timeout=10)
+
+
+def test_the_last_close_takes_the_shared_chromium_down():
+    with child_with_envs(3) as (child, report):
+        assert report["launches"] == 1 and len(set(report["goals"])) == 3  # three envs, three pages, one launch
+        spawned = browser_processes(child.pid)
+        browsers = chromium_browsers(child.pid)
+        assert len(browsers) == 1 and len([p for p in spawned if "node" in p.name()]) == 1
+        for left in (2, 1, 0):
+            child.stdin.write("\n")  # the child closes one env
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "closed"
+            if left:  # Chromium stays while an env still uses it
+                assert chromium_browsers(child.pid) == browsers, left
+        _, alive = psutil.wait_procs(spawned, timeout=10)  # the child lives on: its last close() ended them
+        assert not alive and child.poll() is None, [(p.pid, p.name()) for p in alive]
+
+
+def test_chromium_dies_with_its_parent_on_sigkill():
+    survivors: list[psutil.Process] = []
+    with child_with_envs(2) as (child, report):  # two envs: one driver, one Chromium
+        assert report["launches"] == 1
+        spawned = browser_processes(child.pid)
+        assert any("chrom" in p.name().lower() for p in spawned) and any("node" in p.name() for p in spawned)
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+            _, survivors = psutil.wait_procs(spawned, timeout=10)
+            assert not survivors, [(p.pid, p.name()) for p in survivors]
+        finally:
+            for p in survivors:
+                p.kill()
 
 
 FRAGMENTS = st.sampled_from([
@@ -308,7 +412,8 @@ def test_worked_examples_leave_the_episode_and_the_next_reset_alone(env):
     miniwob._EXAMPLES.clear()
     assert len(env.worked_examples(3, seed=5)) == 3  # played in a scratch context of the env's Chromium
     assert env.np_random.bit_generator.state == state and env.last_observation == middle
-    assert env.chromium._run(lambda: len(env.chromium.context.pages)) == 1  # the scratch context is gone
+    chromium = env.session.chromium  # the examples' context is gone: the env's own is the only one left
+    assert chromium.run(lambda: [len(c.pages) for c in chromium.browser.contexts]) == [1]
     _, reward, terminated, _, _ = env.step(plan[1])  # the episode goes on where it was
     assert terminated and reward == 1.0
     assert env.reset(seed=11, options={"task": "enter-text"}) == (fresh, info)

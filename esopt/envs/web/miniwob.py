@@ -3,13 +3,13 @@
 ## Description
 The agent solves MiniWoB++ tasks (Liu et al. 2018; the `miniwob` package's task pages): "Click on the "submit"
 button", "Select Gh and click Submit", "Enter the username "kenda" and the password "Ttlh" into the text fields
-and press login". Each episode is one task page set up the way `browsergym-miniwob` does it (its task classes:
-the goal and the reward display taken off the page, `Math.seedrandom`, `core.startEpisodeReal()`), in one Chromium
-(Debian's `chromium-headless-shell`) that the env drives with playwright and keeps across resets. The seed picks
-the task from `tasks` and MiniWoB's own seed, so the same seed gives the same task instance. There are no
-per-split tasks: MiniWoB tasks are randomised per instance, so esopt's seed ranges are the splits (training
-seeds < 2^31, test seeds [2^31, 2^31 + 2^30), validation seeds above draw independent instances; tasks with few
-instances, click-test has one, repeat across them).
+and press login". Each episode is one task page set up the way `browsergym-miniwob` does it (its task classes: the
+goal and the reward display taken off the page, `Math.seedrandom`, `core.startEpisodeReal()`), in a browser context
+of the env's own, kept across resets, in the Chromium (Debian's `chromium-headless-shell`) that the process's envs
+share, driven with playwright. The seed picks the task from `tasks` and MiniWoB's own seed, so the same seed gives
+the same task instance. There are no per-split tasks: MiniWoB tasks are randomised per instance, so esopt's seed
+ranges are the splits (training seeds < 2^31, test seeds [2^31, 2^31 + 2^30), validation seeds above draw
+independent instances; tasks with few instances, click-test has one, repeat across them).
 
 ## Action
 Text: one BrowserGym call, e.g. `click("12")`, `fill("14", "text")`, `select_option("7", "Deonne")`,
@@ -25,7 +25,8 @@ BrowserGym prints it (`[bid] role 'name'`, one space per level; the roles LineBr
 root's url dropped), at most `page_chars` characters of tree. Printable ASCII.
 
 ## Starting state
-The task page freshly loaded in the env's Chromium (a 332x214 viewport, as in BrowserGym), its problem generated.
+The task page freshly loaded in the env's browser context (a 332x214 viewport, as in BrowserGym), its problem
+generated.
 
 ## Rewards
 1 when the task's episode ends with a positive raw reward (`WOB_RAW_REWARD_GLOBAL > 0`, BrowserGym's MiniWoB
@@ -50,19 +51,24 @@ solution (round r: turn r mod the solution's length, so round 0 shows first turn
 are a click and a select_option. Instances are no env seed's: browsergym's task seed is drawn from a stream of
 their own (`[seed, EXAMPLE_STREAM, crc32(task), round]`, where reset draws from `[env seed, 47]`); as MiniWoB keys
 an instance by one of 10^6 `Math.seedrandom` values (and tasks like click-test have one), an episode can still
-meet an identical page by chance. The turns are played in a separate browser context of the env's Chromium
-(started if need be), closed afterwards: the episode's page, its state and the env's RNG are left alone. Built
+meet an identical page by chance. The turns are played in a browser context of their own in the shared Chromium
+(launched if need be), closed afterwards: the episode's page, its state and the env's RNG are left alone. Built
 once per process for each (tasks, page_chars, seed).
 
 ## Processes
-One Chromium per env (Debian's binary, launched by playwright with `executable_path`), started on the first
-reset, reused by every reset (the task page is loaded again) and closed by `close()` (or when the env is garbage
-collected). Playwright's sync API only runs in the thread that started it, so each env drives its browser from a
-daemon thread of its own: the rollout engine may step envs from any thread (`concurrent_steps`). When the Python
-process dies, even by SIGKILL, playwright's node driver sees its stdin close and takes Chromium down with it
-within a second or two (tests/envs/test_miniwob.py checks this), so Chromium needs no death signal or watchdog
-of its own. A crashed page ends its episode unsolved; a call that hangs (playwright can wait forever on a dead
-renderer) is cut after `CALL_TIMEOUT_S` by killing Chromium; either way the next reset starts afresh.
+One playwright driver and one Chromium (Debian's binary, launched by playwright with `executable_path`) per process
+(per binary and mode, if envs ask for several), shared by its MiniWoB envs: launched on the first reset of the first
+env, closed when the last env is closed (`close()`, or garbage collection). Each env has a browser context of its
+own in it (its own page, cookies, storage and renderer), opened on its first reset, reused by every reset (the task
+page is loaded again) and closed by `close()`. Playwright's sync API only runs in the thread that started it, so a
+daemon thread runs the driver, and each env's calls, made from any thread (the rollout engine steps envs in threads:
+`concurrent_steps`), run in there, each in a greenlet of its own on playwright's dispatcher: while one env waits on
+its page, the others' calls go on. When the Python process dies, even by SIGKILL, playwright's node driver sees its
+stdin close and takes Chromium down with it within a second or two (tests/envs/test_miniwob.py checks this), so
+Chromium needs no death signal or watchdog of its own. A crashed page ends its episode unsolved; a call that hangs
+(playwright can wait forever on a dead renderer) is cut after `CALL_TIMEOUT_S` by closing the env's context
+(Chromium is killed if even that hangs); a Chromium found dead (crashed, killed, closed) ends the episodes in it
+unsolved, and the next reset launches another, which the other envs move to on their next reset.
 
 Needs the `web-browser` extra (miniwob, browsergym-miniwob, playwright) and Chromium, both installed by `make`.
 
@@ -75,14 +81,12 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import json
-import queue
 import re
 import shutil
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,83 +196,64 @@ class PageState:
     solved: bool
 
 
-class _Worker:
-    """One daemon thread running calls in order (a wedged call cannot hold up the interpreter's exit)."""
-
-    def __init__(self) -> None:
-        self.calls: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._serve, name="esopt-miniwob", daemon=True)
-        self.thread.start()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
-        self.calls.put((future, fn, args))
-        return future
-
-    def stop(self) -> None:
-        self.calls.put(None)
-        self.thread.join(timeout=10)
-
-    def _serve(self) -> None:
-        while (call := self.calls.get()) is not None:
-            future, fn, args = call
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # handed to the caller
-                future.set_exception(e)
-            del call, future, fn, args  # the calls' arguments do not outlive them
+class _CallTimeout(ChromiumGone):
+    """A call got no answer in time."""
 
 
 class _Chromium:
-    """One Chromium and its page, driven by playwright from a thread of its own: playwright's sync API runs only
-    in the thread that started it. The calls made in there get the task, never the env, so an env dropped without
-    `close()` is still garbage.
-
-    A call that hangs (a page whose renderer died can block playwright for good) is ended after `call_timeout`
-    seconds by killing Chromium, which fails playwright's pending calls; the env then starts a fresh one."""
+    """One playwright driver and its Chromium, run by a daemon thread of their own: playwright's sync API only
+    runs in the thread that started it, so calls from other threads are handed to it (`run`, `post`). There each
+    call runs in a greenlet of its own on playwright's dispatcher, as playwright runs its own event handlers: a
+    call waiting on Chromium (a page load, the settle time) lets the others go on, so envs stepped from several
+    threads still step concurrently, and a call that hangs holds up only its own env. The calls get sessions and
+    tasks, never an env, so an env dropped without `close()` is still garbage."""
 
     def __init__(self, executable: str, headless: bool) -> None:
-        self._worker = _Worker()
-        self.playwright = self.browser = self.context = self.page = None
+        self.playwright = self.browser = None
         self.driver: psutil.Process | None = None  # playwright's node driver
         self.launched: list[psutil.Process] = []  # the driver's children: Chromium's browser process
-        self.crashed = self.wedged = False
-        self.call_timeout = CALL_TIMEOUT_S
+        self._loop = self._main = None  # playwright's event loop; the thread's main greenlet
+        self._lock = threading.RLock()  # an RLock: an env's __del__ (a garbage collection) may post from a post
+        self._open = self._stopping = False  # whether calls are taken; whether `close` has been called
+        self._pending: set[Future] = set()
+        ready: Future = Future()
+        self.thread = threading.Thread(target=self._serve, args=(executable, headless, ready), name="esopt-miniwob",
+                                       daemon=True)  # daemon: a wedged driver cannot hold up the interpreter's exit
+        self.thread.start()
         try:
-            self._run(self._start, executable, headless, timeout=START_TIMEOUT_S)
+            ready.result(START_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            self.close()
+            raise ChromiumGone(f"Chromium did not start within {START_TIMEOUT_S} s") from None
         except BaseException:
             self.close()
             raise
 
-    def _run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
-        timeout = self.call_timeout if timeout is None else timeout
-        if self.wedged or not self.driver_alive():  # playwright's sync calls spin forever on a dead driver
-            raise ChromiumGone("playwright's driver process is gone")
-        future = self._worker.submit(fn, *args)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            if future.done():  # the call itself raised it
-                raise
-        self.kill()
-        try:
-            future.result(10)
-        except BaseException:  # the pending call failed as Chromium went: what we wanted
-            pass
-        self.wedged = not future.done()
-        raise ChromiumGone(f"Chromium stopped answering for {timeout:.0f} s")
+    def _serve(self, executable: str, headless: bool, ready: Future) -> None:
+        from greenlet import greenlet
 
-    def driver_alive(self) -> bool:
         try:
-            return self.driver is None or self.driver.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:  # exited (and reaped)
-            return False
-
-    def kill(self) -> None:
-        for process in self.launched:
+            self._start(executable, headless)
+            # playwright's private handles (playwright is pinned, by browsergym-core): its loop, the greenlet running it
+            self._loop, dispatcher = self.playwright._loop, self.playwright._dispatcher_fiber
+        except BaseException as e:  # handed to the constructor
+            self._stop()
+            ready.set_exception(e)
+            return
+        self._main = greenlet.getcurrent()
+        with self._lock:
+            self._open = not self._stopping  # unless the constructor gave up waiting
+        ready.set_result(None)
+        if self._open:
+            dispatcher.switch()  # the loop runs the calls until `close` switches back here, or the driver dies
+        with self._lock:
+            self._open = False
+        if self._stopping:
+            self._stop()
+        for future in list(self._pending):  # calls left unanswered (the driver died, or Chromium closed under them)
             try:
-                process.kill()
-            except psutil.Error:  # gone already
+                future.set_exception(ChromiumGone("playwright's driver process is gone"))
+            except concurrent.futures.InvalidStateError:  # answered meanwhile
                 pass
 
     def _start(self, executable: str, headless: bool) -> None:
@@ -276,18 +261,122 @@ class _Chromium:
         from playwright.sync_api import sync_playwright
 
         self.playwright = sync_playwright().start()
+        try:  # a private attribute: if playwright moves it, `driver_alive` just answers True
+            self.driver = psutil.Process(self.playwright._impl_obj._connection._transport._proc.pid)
+        except (AttributeError, psutil.Error):
+            self.driver = None
         self.playwright.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)  # bids are playwright test ids
         self.browser = self.playwright.chromium.launch(
             executable_path=executable, headless=headless, args=["--disable-dev-shm-usage", "--disable-gpu"]
         )
-        self.context = self.browser.new_context(viewport=VIEWPORT)
+        try:
+            self.launched = self.driver.children() if self.driver else []
+        except psutil.Error:
+            self.launched = []
+
+    def _stop(self) -> None:
+        if not self.driver_alive():  # playwright's sync calls spin forever on a dead driver
+            return
+        for finish in (self.browser and self.browser.close, self.playwright and self.playwright.stop):
+            try:
+                if finish:
+                    finish()
+            except Exception:  # already gone (crashed, or the driver died): nothing to close
+                pass
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Hand `fn(*args)` to the thread; its future. ChromiumGone if the thread no longer takes calls."""
+        future: Future = Future()
+        with self._lock:
+            if not self._open or not self.driver_alive():
+                raise ChromiumGone("playwright's driver process is gone")
+            self._pending.add(future)
+            future.add_done_callback(self._pending.discard)
+            self._loop.call_soon_threadsafe(self._call, future, fn, args)
+        return future
+
+    @staticmethod
+    def _call(future: Future, fn: Callable[..., Any], args: tuple) -> None:
+        from greenlet import greenlet
+
+        def call() -> None:
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # handed to the caller
+                future.set_exception(e)
+
+        greenlet(call).switch()  # a child of the dispatcher: back to it when the call waits on playwright, or ends
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        """`fn(*args)` run in the thread: its result. ChromiumGone if the driver is gone, `_CallTimeout` if no
+        answer comes within `timeout` seconds (the call goes on)."""
+        future = self.post(fn, *args)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            if future.done():  # the call itself raised it
+                raise
+        raise _CallTimeout(f"Chromium stopped answering for {timeout:.0f} s")
+
+    def alive(self) -> bool:
+        try:
+            return self.run(self.browser.is_connected, timeout=30)
+        except ChromiumGone:
+            return False
+
+    def driver_alive(self) -> bool:
+        try:
+            return self.driver is None or self.driver.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:  # exited (and reaped)
+            return False
+
+    def kill(self, driver: bool = False) -> None:
+        """Kill Chromium (playwright then fails its pending calls) and, with `driver`, the driver too."""
+        for process in [*self.launched, *([self.driver] if driver and self.driver else [])]:
+            try:
+                process.kill()
+            except psutil.Error:  # gone already
+                pass
+
+    def close(self, wait: bool = True) -> None:
+        """Close Chromium and the driver. With `wait`, wait for them, and kill what is left after 30 s (a hung
+        stop, a Chromium that outlived its driver); without, the thread closes them on its own (what an env's
+        __del__ does: a garbage collection may run in any thread, this one's included)."""
+        with self._lock:
+            stop = self._open and not self._stopping
+            self._open, self._stopping = False, True
+        if stop:
+            self._loop.call_soon_threadsafe(self._main.switch)  # `_serve` goes on: it closes them
+        if wait and threading.current_thread() is not self.thread:
+            self.thread.join(30)
+            self.kill(driver=True)
+
+
+class _Session:
+    """One env's browser context (its own page, cookies, storage and renderer) in a shared `_Chromium`."""
+
+    def __init__(self, chromium: _Chromium) -> None:
+        self.chromium = chromium
+        self.context = self.page = None
+        self.crashed = self.closed = False
+        self.call_timeout = CALL_TIMEOUT_S
+        try:
+            self._run(self._open)
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return self.chromium.run(fn, *args, timeout=self.call_timeout)
+        except _CallTimeout:  # a page that hangs playwright (a dead renderer can): its context goes, not Chromium
+            self.close(timeout=10)
+            raise
+
+    def _open(self) -> None:
+        self.context = self.chromium.browser.new_context(viewport=VIEWPORT)
         self.context.set_default_timeout(TIMEOUT_MS)
         self._new_page()
-        try:  # a private attribute: if playwright moves it, `driver_alive` just answers True
-            self.driver = psutil.Process(self.playwright._impl_obj._connection._transport._proc.pid)
-            self.launched = self.driver.children()
-        except (AttributeError, psutil.Error):
-            self.driver = None
 
     def _new_page(self) -> None:
         self.page = self.context.new_page()
@@ -298,42 +387,13 @@ class _Chromium:
         self.crashed = True
 
     def _check_crash(self) -> bool:
-        """Whether the page's renderer died (a round trip to the driver delivers its pending crash event)."""
-        self.context.cookies()
+        """Whether the page's renderer died (a round trip to the driver delivers its pending crash event) or the
+        context is gone (with Chromium)."""
+        try:
+            self.context.cookies()
+        except Exception:
+            return True
         return self.crashed or self.page.is_closed()
-
-    def alive(self) -> bool:
-        try:
-            return self.browser is not None and self._run(self._alive, timeout=30)
-        except ChromiumGone:
-            return False
-
-    def _alive(self) -> bool:
-        return self.browser.is_connected()
-
-    @contextmanager
-    def scratch(self) -> Iterator[None]:
-        """Calls inside run in a fresh browser context (its own page, cookies and storage), closed on the way
-        out; the env's page is left as it was."""
-        saved = self._run(self._enter_scratch)
-        try:
-            yield
-        finally:
-            self._run(self._leave_scratch, saved)
-
-    def _enter_scratch(self) -> tuple[Any, Any, bool]:
-        saved = (self.context, self.page, self.crashed)
-        self.context = self.browser.new_context(viewport=VIEWPORT)
-        self.context.set_default_timeout(TIMEOUT_MS)
-        self._new_page()
-        return saved
-
-    def _leave_scratch(self, saved: tuple[Any, Any, bool]) -> None:
-        try:
-            self.context.close()
-        except Exception:  # the scratch page crashed: the context goes with Chromium's cleanup
-            pass
-        self.context, self.page, self.crashed = saved
 
     def setup(self, task: Any) -> tuple[str, PageState]:
         """Load and start `task` (a browsergym-miniwob task): its goal and the page."""
@@ -369,24 +429,79 @@ class _Chromium:
         raw = float(info.get("RAW_REWARD_GLOBAL", -1.0))
         return PageState(_extract_tree(self.page), raw, bool(done), bool(done) and reward > 0)
 
-    def close(self) -> None:
-        if threading.current_thread() is self._worker.thread:  # a garbage collection in that thread: cannot wait
+    def close(self, wait: bool = True, timeout: float = 30) -> None:
+        """Close the context (posted, not waited for, without `wait`); one that will not close takes Chromium
+        down with it (the next reset launches another)."""
+        if self.closed:
             return
+        self.closed = True
         try:
-            self._run(self._stop, timeout=30)
-        except ChromiumGone:  # wedged, or the driver was killed on its own: its Chromium may outlive it
-            self.kill()
-        finally:
-            self._worker.stop()
-            self.playwright = self.browser = self.context = self.page = None
+            if wait:
+                self.chromium.run(self._close, timeout=timeout)
+            else:
+                self.chromium.post(self._close)
+        except _CallTimeout:
+            self.chromium.kill()
+        except ChromiumGone:  # the context went with its Chromium
+            pass
 
-    def _stop(self) -> None:
-        for finish in (self.browser and self.browser.close, self.playwright and self.playwright.stop):
-            try:
-                if finish:
-                    finish()
-            except Exception:  # already gone (crashed, or the driver died): nothing to close
-                pass
+    def _close(self) -> None:
+        try:
+            if self.context is not None:
+                self.context.close()
+        except Exception:  # crashed, or gone with Chromium
+            pass
+
+
+class _Shared:
+    """The process's `_Chromium` for one binary and mode, shared by the MiniWoB envs using it: launched for the
+    first that needs it, launched again when found dead, closed when the last lets go."""
+
+    def __init__(self, executable: str, headless: bool) -> None:
+        self.executable, self.headless = executable, headless
+        self.chromium: _Chromium | None = None
+        self.users = self.launches = 0
+        # users and chromium: held briefly, never while waiting on Chromium (an env's __del__ takes it, in any
+        # thread: one waiting on that thread would deadlock); an RLock, as that __del__ may run inside it
+        self._count = threading.RLock()
+        self._launch = threading.Lock()  # one check-and-relaunch at a time: held while waiting on Chromium
+
+    def acquire(self) -> None:
+        with self._count:
+            self.users += 1
+
+    def release(self, wait: bool = True) -> None:
+        with self._count:
+            self.users -= 1
+            last = self.chromium if self.users == 0 else None
+            if last is not None:
+                self.chromium = None
+        if last is not None:
+            last.close(wait)
+
+    def current(self) -> _Chromium:
+        """The running Chromium, launched if there is none or it died (Chromium crashed or killed, or closed)."""
+        with self._launch:
+            chromium = self.chromium
+            if chromium is not None and chromium.alive():
+                return chromium
+            fresh = _Chromium(self.executable, self.headless)
+            with self._count:
+                self.chromium, self.launches = fresh, self.launches + 1
+        if chromium is not None:  # what is left of the dead one goes
+            chromium.close()
+        return fresh
+
+
+_SHARED: dict[tuple[str, bool], _Shared] = {}  # (executable, headless) -> its shared Chromium
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(executable: str, headless: bool) -> _Shared:
+    with _SHARED_LOCK:
+        if (executable, headless) not in _SHARED:
+            _SHARED[executable, headless] = _Shared(executable, headless)
+        return _SHARED[executable, headless]
 
 
 def browsergym_tree(page: Any) -> str:
@@ -455,7 +570,7 @@ def _perform(page: Any, action: Action) -> str:
 
 class MiniWoBEnv(AgentEnv):
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
-    concurrent_steps = True  # each env's Chromium runs in its own thread: the rollout engine may step envs in threads
+    concurrent_steps = True  # calls run interleaved in Chromium's thread: the rollout engine may step envs in threads
 
     def __init__(
         self,
@@ -487,21 +602,31 @@ class MiniWoBEnv(AgentEnv):
         self.stop_strings: list[str] = []
         self.action_space = FreeText(20_000)
         self.observation_space = ascii_text_space(page_chars + 1000)
-        self.chromium: _Chromium | None = None
+        self._shared = _shared(self.executable, self.headless)  # the process's Chromium, launched on demand
+        self._holding = False  # whether this env counts as one of its users (from its first use until close())
+        self.session: _Session | None = None  # the env's browser context in it
         self.task: Any = None  # the episode's browsergym-miniwob task
         self.task_name, self.goal, self.error = "", "", ""
         self.state = PageState("", 0.0, False, False)
         self.last_observation = ""
         self._turn, self._done = 0, True
 
-    def _browser(self, restart: bool = False) -> _Chromium:
-        """The env's Chromium, started (again, if it died or `restart`) on demand."""
-        if self.chromium is not None and (restart or not self.chromium.alive()):
-            self.chromium.close()
-            self.chromium = None
-        if self.chromium is None:
-            self.chromium = _Chromium(self.executable, self.headless)
-        return self.chromium
+    def _chromium(self) -> _Chromium:
+        """The process's shared Chromium, launched (again, if it died) on demand; held until `close()`."""
+        if not self._holding:
+            self._shared.acquire()
+            self._holding = True
+        return self._shared.current()
+
+    def _session(self, restart: bool = False) -> _Session:
+        """The env's browser context, opened (again, if it was closed, its Chromium relaunched, or `restart`)."""
+        chromium = self._chromium()
+        if self.session is not None and (restart or self.session.closed or self.session.chromium is not chromium):
+            self.session.close()
+            self.session = None
+        if self.session is None:
+            self.session = _Session(chromium)
+        return self.session
 
     # -------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[str, dict]:
@@ -517,15 +642,15 @@ class MiniWoBEnv(AgentEnv):
         # browsergym's task seeds MiniWoB's Math.seedrandom from this seed (through its own RandomState)
         self.task = self.classes[self.task_name](seed=int(rng.integers(2**32)), base_url=self.base_url)
         try:
-            self.goal, self.state = self._browser().setup(self.task)
-        except Exception:  # Chromium died under the page: a fresh one, once
-            self.goal, self.state = self._browser(restart=True).setup(self.task)
+            self.goal, self.state = self._session().setup(self.task)
+        except Exception:  # the context or Chromium died under the page: a fresh context (and Chromium), once
+            self.goal, self.state = self._session(restart=True).setup(self.task)
         self.error, self._turn, self._done = "", 0, False
         info = {"is_success": False, "action_is_valid": True, "feedback": "", "task": self.task_name}
         return self._observe(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.task is None or self.chromium is None:
+        if self.task is None or self.session is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
             raise RuntimeError("the episode is over; call reset()")
@@ -535,8 +660,8 @@ class MiniWoBEnv(AgentEnv):
             self.error = f"invalid action: {parsed.reason}"
         else:
             try:
-                self.error, self.state = self.chromium.act(self.task, parsed)
-            except ChromiumGone:  # the next reset starts a fresh one
+                self.error, self.state = self.session.act(self.task, parsed)
+            except ChromiumGone:  # the next reset opens a fresh context (in a fresh Chromium if need be)
                 self.error = "the browser is gone; the episode is over"
                 self.state = PageState(tree="", raw_reward=-1.0, done=True, solved=False)
         terminated = self.state.done
@@ -593,23 +718,25 @@ class MiniWoBEnv(AgentEnv):
     def _example_round(self, seed: int, round_: int) -> list[WorkedExample]:
         """One turn of one fresh instance of each task the oracle covers; new action kinds first."""
         found = []
-        chromium = self._browser()
-        with chromium.scratch():
+        session = _Session(self._chromium())  # a context of its own: the episode's page and state are left alone
+        try:
             for name in dict.fromkeys(self.tasks):
                 if name not in DEFAULT_TASKS:  # no oracle
                     continue
                 rng = np.random.default_rng([seed & (2**64 - 1), EXAMPLE_STREAM, zlib.crc32(name.encode()), round_])
                 task = self.classes[name](seed=int(rng.integers(2**32)), base_url=self.base_url)
-                goal, state = chromium.setup(task)
+                goal, state = session.setup(task)
                 observation = self._format(goal, "", state.tree, False)
                 plan = oracle_actions(name, observation)
                 turn = round_ % len(plan)
                 for action in plan[:turn]:
-                    error, state = chromium.act(task, parse_action(action))
+                    error, state = session.act(task, parse_action(action))
                     if error or state.done:
                         raise RuntimeError(f"the MiniWoB oracle failed on {name}: {error or 'ended early'}")
                     observation = self._format(goal, "", state.tree, False)
                 found.append(WorkedExample(name, turn, observation, canonical_call(plan[turn])))
+        finally:
+            session.close()
         lead = {e.action: k for k, e in reversed(list(enumerate(found)))}.values()  # each action kind's first
         return [found[k] for k in sorted(range(len(found)), key=lambda k: (k not in lead, k))]
 
@@ -617,14 +744,21 @@ class MiniWoBEnv(AgentEnv):
         return self.last_observation if self.render_mode == "ansi" else None
 
     def close(self) -> None:
-        if self.chromium is not None:
-            self.chromium.close()
-            self.chromium = None
+        """Close the env's context; the last env to close takes the shared Chromium down."""
+        self._let_go(wait=True)
         super().close()
 
-    def __del__(self) -> None:  # an env dropped without close() still takes its Chromium down
-        try:
-            self.close()
+    def _let_go(self, wait: bool) -> None:
+        if self.session is not None:
+            self.session.close(wait)
+            self.session = None
+        if self._holding:
+            self._holding = False
+            self._shared.release(wait)
+
+    def __del__(self) -> None:  # an env dropped without close() still gives back its context and its hold
+        try:  # not waiting: a garbage collection may run in any thread, Chromium's own included
+            self._let_go(wait=False)
         except Exception:  # at interpreter exit: playwright's driver ends Chromium as the process goes
             pass
 
