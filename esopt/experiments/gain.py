@@ -8,6 +8,8 @@ same sampling seeds, paired with the base model:
   that sharpening or flattening the base's distribution alone is not counted as learning;
 - `es`: each run's trained weights (rebuilt from the base and its ledger), with the run's final prompt
   (final/prompt.json) when it co-evolved one;
+- `weights`, `prompt` (co-evolution runs whose prompt changed): each half alone, the trained weights with the
+  starting prompt and the base weights with the final prompt;
 - `random`: each run's ledger replayed with every generation's per-seed update coefficients shuffled
   over its seeds: a random walk with the same step sizes and noise, carrying no reward information.
 Changes come with a paired bootstrap 95% interval over tasks and an exact McNemar test on success.
@@ -63,6 +65,18 @@ def _evaluate_cached(cache: Path, name: str, policy, config, make, progress: boo
     return result
 
 
+def coevolved_prompt(run: Path) -> str | None:
+    """The final system prompt of a co-evolution run, or None when the run kept its starting prompt (or had none)."""
+    final = run / "final" / "prompt.json"
+    if not final.exists():
+        return None
+    system = json.loads(final.read_text())["system"]
+    start = run / "prompts" / "v0000.json"
+    if start.exists() and json.loads(start.read_text())["system"] == system:
+        return None  # every candidate lost its gate: the run is a parameters-only run
+    return system
+
+
 def _step_norm(policy, base_state: dict[str, torch.Tensor]) -> float:
     sq = sum(float((p.detach().float() - base_state[n]).square().sum()) for n, p in policy.model.named_parameters())
     return sq**0.5
@@ -98,7 +112,7 @@ def _one_setting(runs: list[Path]):
 
 def measure(runs: list[Path], split: str, episodes: int, temperatures: list[float], validation_episodes: int,
             controls: bool, out: Path, progress: bool = True, es_runs: bool = True, best_of_n: int = 0,
-            best_of_temperature: float = 0.7, samples: int = 0) -> dict:
+            best_of_temperature: float = 0.7, samples: int = 0, parts: bool = True) -> dict:
     from esopt.es import read_history, replay
     from esopt.train.models import load_model
     from esopt.train.tasks import env_factory
@@ -146,18 +160,21 @@ def measure(runs: list[Path], split: str, episodes: int, temperatures: list[floa
         variants = ([("es", records)] if es_runs else []) + (
             [("random", permuted_records(records, 0))] if controls else [])
         run_config = test
-        prompt_file = run / "final" / "prompt.json"
-        if prompt_file.exists():  # a co-evolution run: its weights are judged with its final prompt
+        final_prompt = coevolved_prompt(run)
+        if final_prompt is not None:  # a co-evolution run: its weights are judged with its final prompt
             run_config = test.model_copy(deep=True)
-            run_config.env.system_prompt = json.loads(prompt_file.read_text())["system"]
-        for kind, recs in variants:
+            run_config.env.system_prompt = final_prompt
+            if es_runs and parts:  # which half did it: each half alone, the other at its start
+                variants += [("weights", records, test), ("prompt", [], run_config)]
+        for kind, recs, *config in variants:
             name = f"{kind}-{run.name}"
             with torch.no_grad():
                 for n, p in policy.model.named_parameters():
                     p.copy_(base_state[n])
                 replay(policy.model, recs)
             norms[name] = _step_norm(policy, base_state)
-            evals[name] = _evaluate_cached(cache, f"{name}-{split}", policy, run_config, make, progress)
+            evals[name] = _evaluate_cached(cache, f"{name}-{split}", policy, config[0] if config else run_config,
+                                           make, progress)
             evals[name]["generations"] = len(recs)
             if sampled_config is not None and kind == "es":
                 sampled_run = sampled_config.model_copy(deep=True)
@@ -309,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-controls", action="store_true", help="skip the random-step controls")
     p.add_argument("--controls-only", action="store_true",
                    help="evaluate only the base and the random-step controls (to run beside a --no-controls process)")
+    p.add_argument("--no-parts", action="store_true", help="co-evolution runs: skip the two halves alone "
+                   "(`weights-RUN`: trained weights, starting prompt; `prompt-RUN`: base weights, final prompt)")
     p.add_argument("--best-of", type=int, default=0, metavar="N",
                    help="also the base with test-time compute: best of N sampled episodes per task (env verifier)")
     p.add_argument("--best-of-temperature", type=float, default=0.7,
@@ -333,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.runs, args.split, args.episodes, [] if args.controls_only else args.temperatures,
                      args.validation_episodes, not args.no_controls, out, progress=not args.quiet,
                      es_runs=not args.controls_only, best_of_n=args.best_of,
-                     best_of_temperature=args.best_of_temperature, samples=args.samples)
+                     best_of_temperature=args.best_of_temperature, samples=args.samples,
+                     parts=not args.no_parts)
     result["by"] = args.by  # an unknown key fails in group_rows, before anything is written
     data = {**result, "rows": rows(result), "sampled_rows": sampled_rows(result),
             "group_rows": group_rows(result, args.by) if args.by else []}

@@ -195,3 +195,37 @@ def test_feedback_reflector_proposes_lessons_from_the_runs_own_failures(tmp_path
     skills = json.loads((out / "prompts" / "v0001.json").read_text())["skills"]
     assert 1 <= len(skills) <= 3 and all(s.startswith("Avoid moves like '") for s in skills)
     assert json.loads((out / "final" / "prompt.json").read_text())["version"] == 1  # longer prompt wins this gate
+
+
+def test_gain_judges_each_half_of_a_coevolution_run_alone(tmp_path, monkeypatch):
+    from esopt.experiments import gain
+
+    monkeypatch.setattr(PromptEvolution, "prompt_score", lambda self, text, generation: float(len(text)))
+    run = tmp_path / "run"
+    train(load_config("smoke", ["steps=1", "eval.tasks=2", "eval.every=0", "measure_inference_peak=false",
+                                "prompt.every=1", "prompt.reflector=feedback", "prompt.max_skills=2"]),
+          run, progress=False)
+    final = json.loads((run / "final" / "prompt.json").read_text())["system"]
+    assert gain.coevolved_prompt(run) == final
+    seen = {}
+    real = gain._evaluate_cached
+
+    def spy(cache, key, policy, config, make, progress):
+        seen[key] = config.env.system_prompt
+        return real(cache, key, policy, config, make, progress)
+
+    monkeypatch.setattr(gain, "_evaluate_cached", spy)
+    argv = ["--runs", str(run), "--episodes", "2", "--temperatures", "--no-controls", "--quiet",
+            "--out", str(tmp_path / "gain")]
+    assert gain.main(argv) == 0
+    result = json.loads((tmp_path / "gain" / "gain.json").read_text())
+    assert seen["es-run-test"] == final and seen["prompt-run-test"] == final
+    assert seen["weights-run-test"] == seen["base-test"] != final  # the starting prompt
+    norms = result["norms"]
+    assert norms["prompt-run"] == 0.0 and norms["weights-run"] == norms["es-run"] > 0
+    assert gain.main([*argv, "--no-parts", "--out", str(tmp_path / "plain")]) == 0
+    assert set(json.loads((tmp_path / "plain" / "gain.json").read_text())["evals"]) == {"base", "es-run"}
+
+    # a run whose every candidate lost its gate is a parameters-only run: no halves to judge
+    (run / "final" / "prompt.json").write_text((run / "prompts" / "v0000.json").read_text())
+    assert gain.coevolved_prompt(run) is None
