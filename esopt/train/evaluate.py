@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 from collections.abc import Callable
@@ -76,9 +77,12 @@ def cached_base_eval(config: BaseTrainConfig, compute: Callable[[], dict]) -> di
     from esopt.utils.io import write_json_atomic
 
     path = Path(config.eval.base_cache) / f"{base_eval_key(config)}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    result = compute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, result)
-    return result
+    # runs of a sweep started side by side: the first computes, the others wait for its file (not a second eval)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return json.loads(path.read_text())
+        result = compute()
+        write_json_atomic(path, result)
+        return result
