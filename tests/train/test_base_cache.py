@@ -36,3 +36,35 @@ def test_the_key_ignores_what_cannot_change_the_base_eval():
              ["env.few_shot=1"], ["max_batch_size=2"]]
     assert all(base_eval_key(load_config("smoke", o)) == base_eval_key(base) for o in same)
     assert all(base_eval_key(load_config("smoke", o)) != base_eval_key(base) for o in other)
+
+
+def _eval_in_child(cache: str, log: str, out: str) -> None:
+    import time
+
+    from esopt.train.evaluate import cached_base_eval
+
+    def compute():
+        with open(log, "a") as f:
+            f.write("computed\n")
+        time.sleep(2)  # long enough that the other process arrives while this one computes
+        return {"success_rate": 0.25}
+
+    result = cached_base_eval(load_config("smoke", [f"eval.base_cache={cache}"]), compute)
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def test_runs_started_side_by_side_compute_the_base_once(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    log = tmp_path / "computed.log"
+    procs = [ctx.Process(target=_eval_in_child, args=(str(tmp_path / "cache"), str(log), str(tmp_path / f"{i}.json")))
+             for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert log.read_text().count("computed") == 1
+    assert all(json.loads((tmp_path / f"{i}.json").read_text()) == {"success_rate": 0.25} for i in range(2))
