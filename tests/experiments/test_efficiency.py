@@ -30,7 +30,10 @@ def test_every_backend_is_set_beside_inference_of_the_same_tokens(tmp_path, caps
         "low-rank in place"]["calls"]  # one call per turn for the whole population
     out = capsys.readouterr().out
     assert ("| backend | seconds per generation | pure inference (best layout) seconds | ratio inference/backend | "
-            "generated tokens | prompt tokens |") in out
+            "prefix-bound ceiling | ratio / ceiling | generated tokens | prompt tokens |") in out
+    for r in rows.values():  # every member repeats the shared prefix: the ceiling is a ratio at most 1
+        assert r["prefix_tokens"] > 0 and r["prefix_seconds"] > 0
+        assert 0 < efficiency.ceiling(r, 4) < 1
     for name in BACKEND_ROWS:
         assert f"| {name} |" in out
 
@@ -85,3 +88,18 @@ def test_peak_memory_of_the_batched_backend_beside_inference_alone(tmp_path):
     (memory,) = json.loads((tmp_path / "efficiency.json").read_text())["memory"]
     assert memory["backend"] == "low-rank batched" and memory["rollout_batch"] == 2
     assert memory["peak"] > 0 and memory["inference_peak"] > 0
+
+
+def test_the_prefix_bound_ceiling_charges_every_member_but_one_a_prefix_pass():
+    row = {"floor": 10.0, "prefix_seconds": 0.5}
+    assert efficiency.ceiling(row, 1) == 1.0  # one member: pure inference's own work
+    assert efficiency.ceiling(row, 21) == pytest.approx(10.0 / (10.0 + 20 * 0.5))
+
+
+def test_prefix_seconds_times_the_prompts_common_prefix(tiny_engine):
+    policy = tiny_engine(0)
+    board = "1 12.4\n2 .4.2\n3 3..1\n4 43.1\n>"
+    calls = [efficiency.Call(t, [board + "1", board + "2"], [0, 0], [1, 1], 0.0) for t in range(2)]
+    tokens, seconds = efficiency.prefix_seconds(policy, calls)
+    assert tokens == len(policy.tokenizer(board, add_special_tokens=False)["input_ids"]) and seconds > 0
+    assert efficiency.prefix_seconds(policy, [efficiency.Call(0, ["1", "2"], [0, 0], [1, 1], 0.0)]) == (0, 0.0)
