@@ -47,8 +47,8 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = Fa
 
     which = "tiny" if tiny else "smollm2"
     if "OMP_NUM_THREADS" not in os.environ:
-        # the tiny model runs fastest on one thread; SmolLM2's matmuls use every core
-        torch.set_num_threads(1 if tiny else max(1, min(os.cpu_count() or 1, 4)))
+        # the tiny model runs fastest on one thread; SmolLM2's matmuls use every core this process may run on
+        torch.set_num_threads(1 if tiny else max(1, min(len(os.sched_getaffinity(0)), 4)))
     t0 = time.perf_counter()
     config = load_config(DEMOS[which], QUICK[which] if quick else [])
     out = Path(out)
