@@ -101,11 +101,14 @@ PRESETS: dict[str, dict] = {
     # empty cell listed with its candidate digits, two worked examples that each show a whole solved episode;
     # base success 0.36 / 0.23 / 0.00 at H* 1 / 2 / 4 (greedy). Sampling at T=0.3 for every method (GRPO's
     # groups need diverse rollouts), top-p 1, top-k 0. Sized for a multi-hour CPU run in the background.
+    # fp32 on every CPU, so a table does not change with the CPU type (`auto` picks bf16 where the CPU has it);
+    # evals in generate calls of at most 128 rows (512 rows of few-shot KV at once held 10 GB).
     "smollm2": dict(h_stars=[1, 2, 4], seeds=[0, 1, 2], steps=8, episodes_per_step=32, population=8,
                     group_size=4, eval_tasks=512, eval_every=0, warm_start_steps=0, measure_inference_peak=True,
                     isolate=True, model="smollm2", temperature=0.3,
                     overrides=["env.kwargs.hints=candidates", "env.kwargs.examples=episode", "env.few_shot=2",
-                               "sampling.top_p=1.0", "sampling.top_k=0"]),
+                               "sampling.top_p=1.0", "sampling.top_k=0", "model.dtype=float32",
+                               "max_batch_size=128"]),
 }
 
 

@@ -258,5 +258,7 @@ def test_smollm2_preset_carries_the_calibrated_setting_to_every_method():
         assert config.env.few_shot == 1  # the command line's override comes after the preset's
         assert (config.sampling.temperature, config.sampling.top_p, config.sampling.top_k) == (0.3, 1.0, 0)
         assert config.model.name == "smollm2" and config.episodes_per_step == 32
-    assert horizon.PRESETS["smollm2"]["overrides"][-1] == "sampling.top_k=0"  # the preset itself is not mutated
+        # fp32 whatever the CPU (a table must not change with the CPU type), evals in calls of <= 128 rows
+        assert config.model.resolved_dtype == "float32" and config.max_batch_size == 128
+    assert horizon.PRESETS["smollm2"]["overrides"][-1] == "max_batch_size=128"  # the preset itself is not mutated
     assert horizon.plan_from_args(parse(["--preset", "smoke", "--temperature", "0.2"])).temperature == 0.2
