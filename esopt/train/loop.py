@@ -165,6 +165,8 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
     policy = algorithm.policy
     peak = peak_memory_bytes(policy.device)
     episodes = max(config.rollout_batch_size, config.eval.tasks * config.eval.repeats)
+    if config.max_batch_size:  # no generate call holds more rows: a larger probe costs minutes, not memory
+        episodes = min(episodes, config.max_batch_size)
     infer = inference_peak_bytes(config, episodes) if config.measure_inference_peak and not interrupted else None
     first, last = (evals[min(evals)], evals[max(evals)]) if evals else (None, None)
     summary = {

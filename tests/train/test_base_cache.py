@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import esopt.train.loop as loop
 from esopt.train.config import load_config
 from esopt.train.es import train
@@ -68,3 +70,14 @@ def test_runs_started_side_by_side_compute_the_base_once(tmp_path):
     assert [p.exitcode for p in procs] == [0, 0]
     assert log.read_text().count("computed") == 1
     assert all(json.loads((tmp_path / f"{i}.json").read_text()) == {"success_rate": 0.25} for i in range(2))
+
+
+@pytest.mark.parametrize("max_batch, probed", [(None, 5), (3, 3)])
+def test_the_inference_memory_probe_rolls_out_no_more_rows_than_one_generate_call_holds(
+        tmp_path, monkeypatch, max_batch, probed):
+    asked = []
+    monkeypatch.setattr(loop, "inference_peak_bytes", lambda config, episodes: asked.append(episodes) or 1)
+    overrides = ["steps=1", "eval.tasks=5", "eval.every=0", "measure_inference_peak=true", "es.population_size=2",
+                 "es.tasks_per_member=2", f"max_batch_size={'null' if max_batch is None else max_batch}"]
+    summary = train(load_config("smoke", overrides), tmp_path / "run", progress=False)
+    assert asked == [probed] and summary["inference_peak_bytes"] == 1
