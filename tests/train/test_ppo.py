@@ -140,3 +140,38 @@ def test_config_errors_and_shipped_configs():
         config = load_config(root / f"{name}.yaml")
         assert isinstance(config, PPOTrainConfig)
     assert config.episodes_per_step == 1024 and config.ppo.epochs == 4 and config.ppo.clip_eps == 0.2
+
+
+def test_one_update_on_a_bf16_model_steps_fp32_masters_by_what_adamw_intends(encode):
+    """PPO on a bf16 model at lr 1e-6, far below bf16's resolution: every policy and critic weight with a
+    gradient moves by ~lr in its fp32 master (AdamW's first step is lr * g / (|g| + eps)), and the bf16 weights
+    are the masters rounded. Plain bf16 AdamW would leave nearly all of them where they were."""
+    model, tok = build_tiny_model(seed=1)
+    model.to(torch.bfloat16)
+    lr = 1e-6
+    config = build_config({"algo": "ppo", "ppo": {"lr": lr, "critic_lr": lr, "epochs": 1, "minibatch_size": 64,
+                                                  "micro_batch_size": 4, "max_grad_norm": 0}})
+    p = encode(tok, "1 .2\n2 21\nok t3\n>")
+    good, bad = encode(tok, "set 1 2 1<eos>"), encode(tok, "zzz")
+    trajs = [make_traj([0.0, 1.0], p, [good, good]), make_traj([0.0], p, [bad]), make_traj([1.0], p, [good])]
+    algo = PPO(HFEngine(model, tok), None, config)
+    before = [m.detach().float().clone() for _, m in algo.optimizer.pairs]
+    out = algo.update(trajs, step=0)
+    assert out["optimizer_steps"] == 1
+    moved = total = 0
+    n_policy = len(list(model.parameters()))  # the pairs hold the policy's, then the critic's parameters
+    for i, ((weight, master), start) in enumerate(zip(algo.optimizer.pairs, before, strict=True)):
+        assert master.dtype == torch.float32
+        assert torch.equal(weight.detach(), master.detach().to(weight.dtype))  # weights = masters rounded
+        step = (master.detach() - start).abs()
+        stepped = step > 0
+        # AdamW's first step is ~lr wherever the gradient is not tiny against eps, and never above it
+        assert (step[stepped] <= lr * 1.02 + torch.finfo(torch.float32).eps * start.abs()[stepped]).all()
+        if i < n_policy:
+            moved += int((step > 0.5 * lr).sum())
+            total += step.numel()
+    assert moved > 0.95 * total, (moved, total)  # bf16 alone: a step of 1e-6 is below the spacing of most weights
+    # the critic's head starts at zero, so its first step moves the head (fp32) and not yet the bf16 backbone
+    head = [m for w, m in algo.optimizer.pairs if w is algo.critic.head.weight][0]
+    assert (head.detach().abs() > 0.5 * lr).all()
+    assert all(w.dtype == torch.bfloat16 for w, _ in algo.optimizer.pairs[:n_policy])
