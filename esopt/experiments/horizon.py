@@ -372,8 +372,9 @@ def report(plan: Plan, results: list[RunResult]) -> str:
         lines += ["", "Note: these runs shared one process, so each peak includes every earlier run's; run "
                   "with process isolation (the default of `--preset cpu`) to compare methods."]
     else:
-        lines += ["", "Inference-only: the same model rolling out one step's batch alone (ES: one member's "
-                  f"{m_eps // plan.population} tasks; GRPO/PPO: all {m_eps}), in a fresh process."]
+        lines += ["", "Inference-only: the same model, in a fresh process, rolling out the run's largest batch "
+                  f"(max of one step's {m_eps} episodes and the {plan.eval_tasks}-task eval, at most one "
+                  "generate call's rows) with nothing else; measured in each (method, H*)'s first seed."]
 
     lines += time_lines(plan, by, methods)
     lines += ["", "Estimated model FLOPs per step: (prompt + generated tokens) x parameters x 2 for the rollout "
