@@ -1,13 +1,15 @@
 """`eval.base_cache`: runs that start from the same model on the same held-out setting share one base eval."""
 
 import json
+import multiprocessing
+import time
 
 import pytest
 
 import esopt.train.loop as loop
 from esopt.train.config import load_config
 from esopt.train.es import train
-from esopt.train.evaluate import base_eval_key
+from esopt.train.evaluate import base_eval_key, cached_base_eval
 
 
 def test_runs_with_one_base_share_its_eval_and_others_do_not(tmp_path, monkeypatch):
@@ -41,9 +43,6 @@ def test_the_key_ignores_what_cannot_change_the_base_eval():
 
 
 def _eval_in_child(cache: str, log: str, out: str) -> None:
-    import time
-
-    from esopt.train.evaluate import cached_base_eval
 
     def compute():
         with open(log, "a") as f:
@@ -57,8 +56,6 @@ def _eval_in_child(cache: str, log: str, out: str) -> None:
 
 
 def test_runs_started_side_by_side_compute_the_base_once(tmp_path):
-    import multiprocessing
-
     ctx = multiprocessing.get_context("spawn")
     log = tmp_path / "computed.log"
     procs = [ctx.Process(target=_eval_in_child, args=(str(tmp_path / "cache"), str(log), str(tmp_path / f"{i}.json")))
