@@ -131,28 +131,56 @@ def generate_with_shared_prefix(
                    generator, return_logprobs)
 
 
+# Tokens per forward pass when the prefix is encoded for many weight groups (batched ES members): one pass
+# over all G x P tokens allocates activations of tens of MB that glibc keeps after the pass (at G=32, P=200:
+# RSS 1.3 GB above the model for a 0.3 GB cache). Chunks of groups, copied into one preallocated cache, cut
+# the peak of a SmolLM2 generation by 0.5 GB at the same FLOPs.
+PREFIX_CHUNK_TOKENS = 1024
+
+
 def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_len: int,
                   groups: Sequence[int] | None, set_rows: Callable[[list[int]], None] | None,
                   store: PrefixKV | None, min_reuse: int) -> DynamicCache:
     """The KV of the shared prefix, once per group (reused from `store` where it holds it), expanded to rows."""
     dev = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
     distinct = sorted(set(groups)) if groups is not None else [0]
-    if set_rows is not None:
-        set_rows(list(distinct))
     reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
     if reused < min_reuse:
         reused = 0
     if reused and store is not None:
         store.reused_tokens += reused
-        index = torch.tensor(rows, device=dev)
-        for layer, (k, v) in enumerate(store.layers):
-            cache.update(k[index, :, :reused], v[index, :, :reused], layer)
-    if reused < prefix_len:
-        prefix = torch.tensor([list(ids[0][reused:prefix_len])] * len(distinct), device=dev)
-        model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache})
-        if store is not None and not reused:
-            store.save(ids[0][:prefix_len], distinct, cache)
+    todo = list(ids[0][reused:prefix_len])
+    per_pass = max(1, PREFIX_CHUNK_TOKENS // max(1, len(todo)))
+    layers: list[tuple[torch.Tensor, torch.Tensor]] = []  # (groups, kv heads, tokens, dim) per layer, filled by chunks
+    for start in range(0, len(distinct), per_pass):
+        chunk = distinct[start:start + per_pass]
+        part = DynamicCache(config=model.config)  # type: ignore[arg-type]
+        if reused and store is not None:
+            index = torch.tensor(rows[start:start + per_pass], device=dev)
+            for layer, (k, v) in enumerate(store.layers):
+                part.update(k[index, :, :reused], v[index, :, :reused], layer)
+        if todo:
+            if set_rows is not None:
+                set_rows(chunk)
+            prefix = torch.tensor([todo] * len(chunk), device=dev)
+            model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_ARG: part})
+        kv = [(layer.keys, layer.values) for layer in part.layers]  # type: ignore[union-attr, misc]
+        if len(chunk) == len(distinct):
+            layers = kv
+            break
+        if not layers:  # preallocated, so chunks are copied in once (no second copy from a concatenation)
+            layers = [(k.new_empty((len(distinct), *k.shape[1:])), v.new_empty((len(distinct), *v.shape[1:])))
+                      for k, v in kv]
+        for (k_all, v_all), (k, v) in zip(layers, kv):
+            k_all[start:start + len(chunk)] = k
+            v_all[start:start + len(chunk)] = v
+        del part, kv
+    cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
+    for layer, (k, v) in enumerate(layers):
+        cache.update(k, v, layer)
+    del layers
+    if store is not None and not reused and todo:
+        store.save(ids[0][:prefix_len], distinct, cache)
     if groups is None:
         cache.batch_repeat_interleave(len(ids))
     else:

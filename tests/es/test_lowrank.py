@@ -1,6 +1,7 @@
 """Low-rank (EGGROLL) noise: what a member's perturbation is, that training with it replays bit-exactly,
 and that parameters outside its reach stay put."""
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -65,7 +66,10 @@ def test_lowrank_training_replays_bit_exactly(tmp_path):
         assert torch.equal(p.detach(), trained[name]), name
 
 
-def test_batched_forward_equals_explicitly_perturbed_weights():
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3, 1, 2],  # any rows: factors gathered per row
+                                  [0, 0, 1, 1, 2, 2, 3, 3],  # every member in blocks, in order: no copy
+                                  [3, 3, 3, 1, 1, 1]])  # blocks of some members: factors gathered per member
+def test_batched_forward_equals_explicitly_perturbed_weights(rows):
     """Rows of one batch, each its own member, match the model with that member's weights written in."""
     from esopt.es.batched import BatchedLowRank
     from esopt.models.tiny import build_tiny_model
@@ -74,8 +78,7 @@ def test_batched_forward_equals_explicitly_perturbed_weights():
     es = ES(model, ESConfig(population_size=4, antithetic=True, sigma=0.05, sigma_schedule="constant",
                             noise="lowrank", noise_rank=2))
     members = es.ask()
-    ids = torch.randint(4, 90, (6, 7), generator=torch.Generator().manual_seed(0))
-    rows = [0, 1, 2, 3, 1, 2]
+    ids = torch.randint(4, 90, (len(rows), 7), generator=torch.Generator().manual_seed(0))
     host = BatchedLowRank(model, es.perturbation)
     with torch.no_grad(), host.members(members, 0.05):
         host.set_rows(rows)
@@ -90,8 +93,23 @@ def test_batched_forward_equals_explicitly_perturbed_weights():
     torch.testing.assert_close(model(ids).logits, plain)  # hooks gone: the base model again
 
 
-def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path):
-    """Greedy: every member's batched episodes are token for token the in-place members' episodes."""
+def test_rows_in_blocks_are_recognised_only_when_exact():
+    from esopt.es.batched import _blocks
+
+    assert _blocks([]) is None
+    members, k = _blocks([2, 2, 0, 0, 5, 5])
+    assert members.tolist() == [2, 0, 5] and k == 2
+    assert _blocks([0, 1, 2])[1] == 1
+    assert _blocks([0, 0, 1]) is None  # unequal blocks
+    assert _blocks([0, 0, 1, 1, 0, 0]) is None  # a member in two blocks
+    assert _blocks([0, 1, 0, 1]) is None
+
+
+@pytest.mark.parametrize("chunk_tokens", [1024, 1])
+def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path, monkeypatch, chunk_tokens):
+    """Greedy: every member's batched episodes are token for token the in-place members' episodes, also when
+    the members' prefix passes run one member at a time (and the next turns reuse them from the store)."""
+    monkeypatch.setattr("esopt.engines.prefix.PREFIX_CHUNK_TOKENS", chunk_tokens)
     from esopt.population import PopulationContext
     from esopt.population.batched import BatchedEvaluator
     from esopt.population.local import LocalEvaluator
@@ -113,9 +131,12 @@ def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path):
     assert [r.reward for r in seq] == [r.reward for r in bat]
 
 
-def test_grouped_shared_prefix_decoding_matches_each_member_alone():
-    """Batched members with a shared prompt prefix: the prefix is encoded once per member (not once for all),
-    and every row decodes what its member decodes alone with its weights written in."""
+@pytest.mark.parametrize("chunk_tokens", [1024, 1])
+def test_grouped_shared_prefix_decoding_matches_each_member_alone(monkeypatch, chunk_tokens):
+    """Batched members with a shared prompt prefix: the prefix is encoded once per member (not once for all;
+    in one pass, or in chunks of members), and every row decodes what its member decodes alone with its
+    weights written in."""
+    monkeypatch.setattr("esopt.engines.prefix.PREFIX_CHUNK_TOKENS", chunk_tokens)
     from esopt.engines.base import SamplingParams
     from esopt.engines.hf import HFEngine
     from esopt.es.batched import BatchedLowRank
