@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
@@ -164,7 +165,7 @@ def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_l
                 set_rows(chunk)
             prefix = torch.tensor([todo] * len(chunk), device=dev)
             model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{CACHE_ARG: part})
-        kv = [(layer.keys, layer.values) for layer in part.layers]  # type: ignore[union-attr, misc]
+        kv = [(cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)) for layer in part.layers]  # type: ignore[union-attr]
         if len(chunk) == len(distinct):
             layers = kv
             break

@@ -94,11 +94,11 @@ class BatchedLowRank:
         scales = self.row_factors[key][0]
         if self.in_order:
             return a.to(device), b.to(device), scales, k
-        key = (name, device, None)
-        if key not in self.row_factors:
+        gathered = (name, device, None)
+        if gathered not in self.row_factors:
             index = which.to(a.device)
-            self.row_factors[key] = (a[index].to(device), b[index].to(device))
-        return (*self.row_factors[key], scales, k)
+            self.row_factors[gathered] = (a[index].to(device), b[index].to(device))
+        return (*self.row_factors[gathered], scales, k)
 
     def _hook(self, name: str):
         def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
