@@ -92,13 +92,22 @@ def _failed(turn) -> bool:
 def feedback_lessons(trajectories: Sequence[Trajectory], current: Sequence[str], max_skills: int) -> list[str] | None:
     """Model-free distillation. Feedback on failing turns (invalid or incorrect actions) is grouped with its
     numbers masked, the most frequent groups become "avoid" lessons with one concrete example each, and the
-    current lessons fill the rest. None when no turn failed with feedback (nothing to learn)."""
+    current lessons fill the rest. Feedback that passing turns get as well (an env's plain "ok" on a valid move
+    that ended an unsolved episode) says nothing about the mistake and is left out. None when no turn failed
+    with telling feedback (nothing to learn)."""
     groups: dict[str, list[tuple[str, str]]] = {}
+    passing: set[str] = set()
     for t in trajectories:
         for turn in t.turns:
             feedback = " ".join(str(turn.info.get("feedback", "")).split())[:120]
-            if feedback and _failed(turn):
-                groups.setdefault(_NUMBER.sub("N", feedback), []).append((turn.text.strip()[:60], feedback))
+            if not feedback:
+                continue
+            if _failed(turn):
+                move = " ".join(turn.text.split())[:60]  # one line: replies may hold newlines
+                groups.setdefault(_NUMBER.sub("N", feedback), []).append((move, feedback))
+            else:
+                passing.add(_NUMBER.sub("N", feedback))
+    groups = {key: group for key, group in groups.items() if key not in passing}
     if not groups:
         return None
     ranked = sorted(groups.items(), key=lambda kv: len(kv[1]), reverse=True)  # stable: first seen wins a tie

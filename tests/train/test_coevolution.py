@@ -147,6 +147,21 @@ def test_feedback_lessons_rank_mistakes_by_frequency_and_merge_with_current():
     assert feedback_lessons([episode(True), episode(False)], ["keep"], 4) is None  # no failing turn with feedback
 
 
+def test_feedback_lessons_skip_feedback_that_passing_turns_get_too():
+    def turn_of(action: str, feedback: str, correct: bool) -> Turn:
+        return Turn(prompt="p", prompt_ids=[1], token_ids=[2], text=action, logprobs=None, reward=0.0,
+                    terminated=True, truncated=False, observation="page",
+                    info={"is_success": correct, "action_is_valid": True, "action_is_correct": correct,
+                          "feedback": feedback})
+    solved, unsolved = Trajectory(task_seed=1), Trajectory(task_seed=2)
+    solved.add(turn_of('click("4")', "ok", True))
+    unsolved.add(turn_of('click("7")', "ok", False))  # a valid move that ended an unsolved episode: "ok" too
+    assert feedback_lessons([solved, unsolved], ["keep"], 4) is None
+    unsolved.add(turn_of('click("9",\n  "x")', "click: button must be one of left, middle, right", False))
+    assert feedback_lessons([solved, unsolved], [], 4) == [
+        "Avoid moves like 'click(\"9\", \"x\")': they got 'click: button must be one of left, middle, right'"]
+
+
 def test_transcript_shows_the_observation_not_the_chat_template():
     text = transcript(failed_turns(("set 1 3 24", "invalid: value 24 out of range 1..4")), 0.0)
     assert "board 1.34" in text and "im_start" not in text and "'set 1 3 24'" in text
