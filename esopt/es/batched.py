@@ -48,7 +48,8 @@ class BatchedLowRank:
         # consecutive rows of each member (a rollout's first turns, the prefix passes), else None
         self.blocks: tuple[torch.Tensor, int] | None = None
         self.in_order = False
-        self.row_factors: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.row_factors: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.row_scales: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # (N, 1, 1) per device, dtype
 
     def set_rows(self, members_of_rows: Sequence[int]) -> None:
         """The member index (position in the `members` list) of every row of the next forward passes."""
@@ -58,7 +59,7 @@ class BatchedLowRank:
         # every member once per block, in order: the stacked factors serve as they are
         self.in_order = self.blocks is not None and self.scales is not None and \
             self.blocks[0].tolist() == list(range(len(self.scales)))
-        self.row_factors = {}  # gathered again lazily, once per matrix for all passes over these rows
+        self.row_factors, self.row_scales = {}, {}  # gathered again lazily, once for all passes over these rows
 
     @contextlib.contextmanager
     def members(self, members: Sequence, sigma: float) -> Iterator[BatchedLowRank]:
@@ -77,6 +78,7 @@ class BatchedLowRank:
             for h in handles:
                 h.remove()
             self.factors, self.scales, self.rows, self.blocks, self.row_factors = {}, None, None, None, {}
+            self.row_scales = {}
             self.in_order = False
 
     def _factors_of(self, name: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -88,17 +90,15 @@ class BatchedLowRank:
             raise RuntimeError("BatchedLowRank: a forward pass outside members() or before set_rows()")
         a, b = self.factors[name]
         which, k = self.blocks if self.blocks is not None else (self.rows, 1)
-        key = ("", device, a.dtype)  # the scales of the rows' entries, one tensor per device and dtype
-        if key not in self.row_factors:
-            self.row_factors[key] = (self.scales.to(device, a.dtype)[which.to(device)][:, None, None], which)
-        scales = self.row_factors[key][0]
+        if (device, a.dtype) not in self.row_scales:
+            self.row_scales[device, a.dtype] = self.scales.to(device, a.dtype)[which.to(device)][:, None, None]
+        scales = self.row_scales[device, a.dtype]
         if self.in_order:
             return a.to(device), b.to(device), scales, k
-        gathered = (name, device, None)
-        if gathered not in self.row_factors:
+        if (name, device) not in self.row_factors:
             index = which.to(a.device)
-            self.row_factors[gathered] = (a[index].to(device), b[index].to(device))
-        return (*self.row_factors[gathered], scales, k)
+            self.row_factors[name, device] = (a[index].to(device), b[index].to(device))
+        return (*self.row_factors[name, device], scales, k)
 
     def _hook(self, name: str):
         def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:

@@ -102,11 +102,12 @@ def feedback_lessons(trajectories: Sequence[Trajectory], current: Sequence[str],
             feedback = " ".join(str(turn.info.get("feedback", "")).split())[:120]
             if not feedback:
                 continue
+            key = _NUMBER.sub("N", feedback)
             if _failed(turn):
                 move = " ".join(turn.text.split())[:60]  # one line: replies may hold newlines
-                groups.setdefault(_NUMBER.sub("N", feedback), []).append((move, feedback))
+                groups.setdefault(key, []).append((move, feedback))
             else:
-                passing.add(_NUMBER.sub("N", feedback))
+                passing.add(key)
     groups = {key: group for key, group in groups.items() if key not in passing}
     if not groups:
         return None
