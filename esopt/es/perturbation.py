@@ -327,30 +327,43 @@ class LowRankNoise(Perturbation):
         b = self.noise.full(seed, name + "#B", torch.Size((in_dim, self.rank)), device=device)
         return a, b
 
-    def delta(self, coefs: dict[int, float], name: str, p: torch.Tensor) -> torch.Tensor:
-        """sum_seed coef * eps_seed for one parameter, fp32, in a fixed order of rank-1 terms."""
-        acc = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-        if p.dim() == 2:
-            inv = self.rank ** -0.5
-            for seed, c in coefs.items():
-                a, b = self.factors(seed, name, p.shape, p.device)
+    def blocks(self, coefs: dict[int, float], name: str, p: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """sum_seed coef * eps_seed for one parameter as (start, end, fp32 flat block), in blocks of whole rows
+        of about `chunk_numel` elements, so no step holds a full-size delta (the tied embedding's is 113 MB).
+        Every element gets the same operations in the same order as in one full-size accumulation."""
+        if p.dim() != 2:
+            for j, s, e in self.noise.bounds(p.numel()):
+                acc = torch.zeros(e - s, dtype=torch.float32, device=p.device)
+                for seed, c in coefs.items():
+                    acc.add_(self.noise.chunk(seed, name, j, e - s, p.device), alpha=c)
+                yield s, e, acc
+            return
+        out_dim, in_dim = p.shape
+        inv = self.rank ** -0.5
+        terms = [(c * inv, *self.factors(seed, name, p.shape, p.device)) for seed, c in coefs.items()]
+        rows = max(1, self.noise.chunk_numel // in_dim)
+        for r0 in range(0, out_dim, rows):
+            r1 = min(r0 + rows, out_dim)
+            acc = torch.zeros((r1 - r0, in_dim), dtype=torch.float32, device=p.device)
+            for alpha, a, b in terms:
                 for k in range(self.rank):
-                    acc.addr_(a[:, k], b[:, k], alpha=c * inv)
-        else:
-            flat = acc.view(-1)
-            for seed, c in coefs.items():
-                for s, e, eps in self.noise.chunks(seed, name, flat.numel(), p.device):  # as GaussianNoise
-                    flat[s:e].add_(eps, alpha=c)
-        return acc
+                    acc.addr_(a[r0:r1, k], b[:, k], alpha=alpha)
+            yield r0 * in_dim, r1 * in_dim, acc.view(-1)
+
+    def delta(self, coefs: dict[int, float], name: str, p: torch.Tensor) -> torch.Tensor:
+        """sum_seed coef * eps_seed for one parameter as one fp32 tensor (analyses; allocates it whole)."""
+        out = torch.empty(p.numel(), dtype=torch.float32, device=p.device)
+        for s, e, block in self.blocks(coefs, name, p):
+            out[s:e] = block
+        return out.view(p.shape)
 
     @torch.no_grad()
     def perturb(self, seed: int, scale: float, upto: int | None = None) -> Iterator[int]:
         for k, (name, p) in enumerate(self.params[:upto]):
-            d = self.delta({seed: scale}, name, p)
-            if self.masters is not None:
-                p.data.copy_(self.masters[k].to(p.device).view(p.shape) + d)
-            else:
-                p.data.copy_(p.data.float() + d)
+            flat = p.data.view(-1)
+            for s, e, d in self.blocks({seed: scale}, name, p):
+                base = self.masters[k][s:e].to(p.device) if self.masters is not None else flat[s:e].float()
+                flat[s:e].copy_(base + d)
             yield k
 
     @torch.no_grad()
@@ -360,23 +373,25 @@ class LowRankNoise(Perturbation):
     @torch.no_grad()
     def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
         sq, count = 0.0, 0
+        scaled = {s: c * step for s, c in coefs.items()}
         for k, (name, p) in enumerate(self.params):
-            d = self.delta({s: c * step for s, c in coefs.items()}, name, p)
-            sq += float(torch.dot(d.view(-1), d.view(-1)))
-            count += d.numel()
-            value = self.exact_value(k)
-            if value is None:  # subtract mode, bf16: decayed in fp32, rounded once
-                new = p.data.float()
+            flat = p.data.view(-1)
+            for s, e, d in self.blocks(scaled, name, p):
+                sq += float(torch.dot(d, d))
+                count += e - s
+                value = self.exact_value(k, s, e)
+                if value is None:  # subtract mode, bf16: decayed in fp32, rounded once
+                    new = flat[s:e].float()
+                    if decay:
+                        new.mul_(1.0 - decay)
+                    flat[s:e].copy_(new.add_(d))
+                    continue
                 if decay:
-                    new.mul_(1.0 - decay)
-                p.data.copy_(new.add_(d))
-                continue
-            if decay:
-                value.mul_(1.0 - decay)
-            value.add_(d.view(-1).to(value.device))
-            self.keep(k, 0, value)
+                    value.mul_(1.0 - decay)
+                value.add_(d.to(value.device))
+                self.keep(k, s, value)
             if self.masters is not None:
-                p.data.copy_(self.masters[k].view(p.shape).to(p.device))
+                flat.copy_(self.masters[k].to(p.device))
         return math.sqrt(sq / max(count, 1))
 
 

@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 
 from esopt.es import ES, ESConfig, read_history, replay
 from esopt.es.noise import NoiseSource
+from esopt.es.perturbation import LowRankNoise
 from esopt.train.config import load_config
 from esopt.train.es import train
 from esopt.train.models import load_model
@@ -48,6 +49,46 @@ def test_others_full_perturbs_vectors_with_dense_noise():
     model = net()
     es = ES(model, ESConfig(population_size=2, sigma=0.1, noise="lowrank", noise_others="full"))
     assert "1.weight" in [n for n, _ in es.perturbation.params]
+
+
+@pytest.mark.parametrize("restore", ["exact", "none"])
+def test_row_blocks_accumulate_exactly_what_one_full_size_delta_does(restore):
+    # chunk_numel 7 cuts the 5x6 matrix into one-row blocks (the 3x5 one into single rows too): perturbing and
+    # updating block by block must give the full-size accumulation bit for bit, so older ledgers replay unchanged
+    model = net()
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pert = LowRankNoise(list(model.named_parameters()), LowRankNoise.make_spec(chunk_numel=7, rank=2, others="full"),
+                        restore=restore)
+    coefs = {11: 0.5, 12: -1.25, 13: 2.0}
+    want = {}
+    for name, p in pert.params:
+        acc = torch.zeros(p.shape)
+        for seed, c in coefs.items():
+            if p.dim() == 2:
+                a, b = pert.factors(seed, name, p.shape, p.device)
+                for k in range(2):
+                    acc.addr_(a[:, k], b[:, k], alpha=c * 2 ** -0.5)
+            else:
+                acc.add_(NoiseSource(7).full(seed, name, p.shape), alpha=c)
+        want[name] = acc
+        assert torch.equal(pert.delta(coefs, name, p), acc), name
+    for _ in pert.perturb(11, 0.5):
+        pass
+    for name, p in pert.params:
+        a, b = pert.factors(11, name, p.shape, p.device) if p.dim() == 2 else (None, None)
+        if a is not None:
+            one = torch.zeros(p.shape).addr_(a[:, 0], b[:, 0], alpha=0.5 * 2 ** -0.5).addr_(a[:, 1], b[:, 1],
+                                                                                               alpha=0.5 * 2 ** -0.5)
+            assert torch.equal(p.detach(), base[name] + one), name
+    if restore == "exact":
+        pert.restore(11, 0.5)
+    else:  # batched populations never perturb in place; put the base back by hand
+        for name, p in pert.params:
+            p.data.copy_(base[name])
+    assert all(torch.equal(p.detach(), base[n]) for n, p in pert.params)
+    pert.update(coefs, step=1.0)
+    for name, p in pert.params:
+        assert torch.equal(p.detach(), base[name] + want[name]), name
 
 
 def test_lowrank_training_replays_bit_exactly(tmp_path):
