@@ -35,7 +35,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -374,7 +373,7 @@ def repeats_table(rows: list[dict]) -> list[str]:
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of one token's keys and values over all layers (a decoder's KV cache per token)."""
-    c: Any = model.config  # a transformers config
+    c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     return c.num_hidden_layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
