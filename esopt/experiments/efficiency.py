@@ -371,50 +371,21 @@ def repeats_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    """Bytes of one token's keys and values over all layers (a decoder's KV cache per token)."""
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return c.num_hidden_layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
-
-
-def factor_bytes_per_member(model: torch.nn.Module, rank: int) -> int:
-    """A member's low-rank factors (A: out x r, B: in x r, fp32) over every matrix of the model."""
-    return sum((p.shape[0] + p.shape[1]) * rank * 4 for p in model.parameters() if p.dim() == 2)
-
-
-def memory_floor(m: dict, result: dict) -> float | None:
-    """The lowest peak a batched generation can have: inference alone plus what it must hold beside it, the other
-    G - 1 members' own prefix KV (pure inference keeps one) and every member's low-rank factors. None: not batched."""
-    row = next((r for r in result["rows"] if r["backend"] == m["backend"]), None)
-    if m["backend"] != BACKENDS["batched"] or row is None or not m["inference_peak"]:
-        return None
-    g = result["members"]
-    extra = (g - 1) * row["prefix_tokens"] * result["kv_bytes_per_token"] + g * result["factor_bytes_per_member"]
-    return (m["inference_peak"] + extra) / m["inference_peak"]
-
-
-def memory_table(memory: list[dict], result: dict) -> list[str]:
-    lines = ["Peak memory (RSS; each in a fresh process; inference-only: the same rollout batch, no ES). Floor: "
-             "inference alone + the other members' prefix KV + the low-rank factors (batched only):", "",
-             "| backend | peak | inference-only peak | ratio | floor ratio | ratio above floor |",
-             "|---|---|---|---|---|---|"]
+def memory_table(memory: list[dict]) -> list[str]:
+    lines = ["Peak memory (RSS; each in a fresh process; inference-only: the same rollout batch, no ES):", "",
+             "| backend | peak | inference-only peak | ratio |", "|---|---|---|---|"]
     for m in memory:
         ok = m["peak"] is not None and m["inference_peak"] is not None
-        ratio = m["peak"] / m["inference_peak"] if ok else float("nan")
-        floor = memory_floor(m, result)
-        cells = ("-", "-") if floor is None else (f"{floor:.3f}", f"{ratio - floor:+.3f}")
         lines.append(f"| {m['backend']} | {fmt_bytes(m['peak']) if m['peak'] else 'n/a'} | "
-                     f"{fmt_bytes(m['inference_peak']) if m['inference_peak'] else 'n/a'} | {ratio:.3f} | "
-                     f"{cells[0]} | {cells[1]} |")
+                     f"{fmt_bytes(m['inference_peak']) if m['inference_peak'] else 'n/a'} | "
+                     f"{m['peak'] / m['inference_peak'] if ok else float('nan'):.3f} |")
     return lines
 
 
 def report(result: dict) -> str:
     lines = [*main_table(result), "", *gap_table(result["rows"]), "", *repeats_table(result["rows"])]
     if result.get("memory"):
-        lines += ["", *memory_table(result["memory"], result)]
+        lines += ["", *memory_table(result["memory"])]
     return "\n".join(lines) + "\n"
 
 
@@ -466,8 +437,7 @@ def measure(args: argparse.Namespace, log) -> dict:
     return {"model": config.model.name, "dtype": config.model.resolved_dtype, "config": str(args.config),
             "params": sum(p.numel() for p in policy.model.parameters()), "members": args.members,
             "tasks": args.tasks, "threads": torch.get_num_threads(), "device": str(policy.device),
-            "repeats": args.repeats, "rows": rows, "kv_bytes_per_token": kv_bytes_per_token(policy.model),
-            "factor_bytes_per_member": factor_bytes_per_member(policy.model, config.es_config.noise_rank)}
+            "repeats": args.repeats, "rows": rows}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -103,20 +103,3 @@ def test_prefix_seconds_times_the_prompts_common_prefix(tiny_engine):
     tokens, seconds = efficiency.prefix_seconds(policy, calls)
     assert tokens == len(policy.tokenizer(board, add_special_tokens=False)["input_ids"]) and seconds > 0
     assert efficiency.prefix_seconds(policy, [efficiency.Call(0, ["1", "2"], [0, 0], [1, 1], 0.0)]) == (0, 0.0)
-
-
-def test_the_memory_floor_counts_the_kv_a_prefix_really_holds(tiny_engine):
-    import torch
-
-    model = tiny_engine(0).model
-    with torch.inference_mode():
-        cache = model(input_ids=torch.arange(9)[None] % 20 + 3, use_cache=True).past_key_values
-    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
-    assert held == 9 * efficiency.kv_bytes_per_token(model)
-    factors = efficiency.factor_bytes_per_member(model, rank=2)
-    assert factors == sum((p.shape[0] + p.shape[1]) * 2 * 4 for p in model.parameters() if p.dim() == 2) > 0
-    result = {"members": 4, "kv_bytes_per_token": 100, "factor_bytes_per_member": 50,
-              "rows": [{"backend": "low-rank batched", "prefix_tokens": 10}, {"backend": "low-rank in place"}]}
-    # 3 other members x 10 tokens x 100 bytes + 4 members x 50 bytes beside a 10 000-byte inference peak
-    assert efficiency.memory_floor({"backend": "low-rank batched", "inference_peak": 10_000}, result) == 1.32
-    assert efficiency.memory_floor({"backend": "low-rank in place", "inference_peak": 10_000}, result) is None
