@@ -467,7 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="results root: OUT/horizon/<run>/, OUT/horizon.md, OUT/horizon.png")
     p.add_argument("--resume", action="store_true", help="skip finished runs (summary.json), continue partial ones")
     p.add_argument("--report-only", action="store_true", help="only rebuild horizon.md/png from existing runs")
-    p.add_argument("--progress", action="store_true", help="progress bars (in-process runs only)")
+    p.add_argument("--progress", action="store_true",
+                   help="progress: bars on a terminal, plain lines with ETA in a log (isolated runs too)")
     return p
 
 

@@ -2,7 +2,7 @@
 finished, continue partial runs on `resume`, optionally each in a fresh process (honest per-run peak memory),
 and record each run's wall-clock in ROOT/NAME/bench.json. A failed run is reported and left out, not fatal.
 
-    python -m esopt.experiments.sweep RUN_DIR [--resume]     # the child process of one isolated run
+    python -m esopt.experiments.sweep RUN_DIR [--resume] [--progress]    # the child process of one isolated run
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ def train_in_process(run: Path, resume: bool, progress: bool) -> int:
     return 130 if summary.get("interrupted") else 0
 
 
-def train_in_child(run: Path, resume: bool, threads: int) -> int:
-    cmd = [sys.executable, "-m", "esopt.experiments.sweep", str(run)] + (["--resume"] if resume else [])
+def train_in_child(run: Path, resume: bool, threads: int, progress: bool = False) -> int:
+    """Train one run in a fresh process; with `progress` it writes progress to the inherited stderr (plain lines
+    in a log file, bars on a terminal)."""
+    cmd = [sys.executable, "-m", "esopt.experiments.sweep", str(run), *(["--resume"] if resume else []),
+           *(["--progress"] if progress else [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(cmd, env=env)
     try:
@@ -70,7 +73,7 @@ def run_sweep(configs: dict, root: Path, resume: bool = False, isolate: bool = F
               f"({config.episodes_per_step} episodes/step, {config.steps} steps) "
               f"| {time.perf_counter() - t0:.0f}s elapsed", flush=True)
         t = time.perf_counter()
-        rc = train_in_child(run, cont, threads) if isolate else train_in_process(run, cont, progress)
+        rc = train_in_child(run, cont, threads, progress) if isolate else train_in_process(run, cont, progress)
         if rc == 130:
             raise KeyboardInterrupt
         if rc or not (run / "summary.json").exists():
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    return train_in_process(Path(argv[0]), "--resume" in argv[1:], progress=False)
+    return train_in_process(Path(argv[0]), "--resume" in argv[1:], progress="--progress" in argv[1:])
 
 
 if __name__ == "__main__":
