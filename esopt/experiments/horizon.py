@@ -320,16 +320,20 @@ def report(plan: Plan, results: list[RunResult]) -> str:
     methods = [m for m in plan.methods if any(r.method == m for r in results)]
     by = {(m, h): [r for r in results if r.method == m and r.h_star == h] for m in plan.methods for h in plan.h_stars}
     m_eps = plan.episodes_per_step
+    # what the runs were given: the defaults with the preset's and the command line's overrides applied
+    configs = {m: run_config(plan, m, plan.h_stars[0], plan.seeds[0]) for m in plan.methods}
+    used = {m: {k: getattr(getattr(c, m), k) for k in HPARAMS[m]} for m, c in configs.items()}
+    first = next(iter(configs.values()))
+    sp = first.sampling
     lines = [
         f"# Horizon benchmark: ES vs GRPO vs PPO on {plan.size}x{plan.size} Sudoku", "",
         (f"Model `tiny-sudoku` (warm start {plan.warm_start_steps} steps)" if plan.model == "tiny-sudoku"
-         else f"Model `{plan.model}`") + f"; H* {plan.h_stars}; seeds {plan.seeds}; "
+         else f"Model `{plan.model}`") + f" ({first.model.resolved_dtype}); H* {plan.h_stars}; seeds {plan.seeds}; "
         f"{plan.steps} steps; **{m_eps} episodes per step for every method** (ES: {plan.population} members x "
         f"{m_eps // plan.population} tasks, antithetic; GRPO: {m_eps // plan.group_size} tasks x group "
-        f"{plan.group_size}; PPO: {m_eps} tasks); sampling T={plan.temperature}, top-p 0.8, top-k 20 (unless "
-        "overridden below), "
-        f"max {plan.max_new_tokens} new tokens; training score `{plan.reward}`; held-out eval {plan.eval_tasks} "
-        f"tasks, binary success, every {plan.eval_every} steps. Hyper-parameters: {json.dumps(HPARAMS)}"
+        f"{plan.group_size}; PPO: {m_eps} tasks); sampling T={sp.temperature}, top-p {sp.top_p}, top-k {sp.top_k}, "
+        f"max {sp.max_new_tokens} new tokens; training score `{plan.reward}`; held-out eval {plan.eval_tasks} "
+        f"tasks, binary success, every {plan.eval_every} steps. Hyper-parameters as run: {json.dumps(used)}"
         + (f"; overrides {plan.overrides}" if plan.overrides else "") + ".", "",
         f"Context, {PAPER}.", "",
         "## Held-out success (final eval; mean ± std over seeds; base = the starting model)", "",

@@ -262,3 +262,13 @@ def test_smollm2_preset_carries_the_calibrated_setting_to_every_method():
         assert config.model.resolved_dtype == "float32" and config.max_batch_size == 128
     assert horizon.PRESETS["smollm2"]["overrides"][-1] == "max_batch_size=128"  # the preset itself is not mutated
     assert horizon.plan_from_args(parse(["--preset", "smoke", "--temperature", "0.2"])).temperature == 0.2
+
+
+def test_horizon_report_states_the_hyper_parameters_the_runs_were_given():
+    plan = horizon.Plan(**horizon.PRESETS["smoke"])
+    plan.overrides = ["grpo.lr=3e-5", "es.sigma=4e-3", "sampling.top_p=1.0"]
+    head = horizon.report(plan, []).split("\n\n")[1]
+    used = json.loads(head.split("Hyper-parameters as run: ")[1].split("; overrides")[0])
+    assert used["grpo"]["lr"] == 3e-5 and used["es"]["sigma"] == 4e-3
+    assert used["ppo"]["lr"] == horizon.HPARAMS["ppo"]["lr"]  # not overridden: the default
+    assert "top-p 1.0" in head and "(float32)" in head
