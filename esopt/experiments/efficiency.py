@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -372,13 +373,17 @@ def repeats_table(rows: list[dict]) -> list[str]:
 
 
 def memory_table(memory: list[dict]) -> list[str]:
-    lines = ["Peak memory (RSS; each in a fresh process; inference-only: the same rollout batch, no ES):", "",
-             "| backend | peak | inference-only peak | ratio |", "|---|---|---|---|"]
+    lines = ["Peak memory (RSS; each in a fresh process; inference-only: the same rollout batch, no ES). With "
+             "several repeats: the median, then every repeat (ES, inference, ratio) in order:", "",
+             "| backend | peak | inference-only peak | ratio | repeats |", "|---|---|---|---|---|"]
     for m in memory:
-        ok = m["peak"] is not None and m["inference_peak"] is not None
-        lines.append(f"| {m['backend']} | {fmt_bytes(m['peak']) if m['peak'] else 'n/a'} | "
-                     f"{fmt_bytes(m['inference_peak']) if m['inference_peak'] else 'n/a'} | "
-                     f"{m['peak'] / m['inference_peak'] if ok else float('nan'):.3f} |")
+        peaks = [x for x in m.get("peaks", [m["peak"]]) if x is not None]
+        inference = [x for x in m.get("inference_peaks", [m["inference_peak"]]) if x is not None]
+        peak, inf = (statistics.median(peaks) if peaks else None), (statistics.median(inference) if inference else None)
+        each = "; ".join(f"{fmt_bytes(a)} / {fmt_bytes(b)} = {a / b:.3f}"
+                         for a, b in zip(m.get("peaks", []), m.get("inference_peaks", [])) if a and b)
+        lines.append(f"| {m['backend']} | {fmt_bytes(peak) if peak else 'n/a'} | {fmt_bytes(inf) if inf else 'n/a'} | "
+                     f"{peak / inf if peak and inf else float('nan'):.3f} | {each if len(peaks) > 1 else '-'} |")
     return lines
 
 
@@ -404,22 +409,29 @@ def memory_child(args: argparse.Namespace) -> int:
 
 
 def measure_memory(args: argparse.Namespace, argv: list[str], log) -> list[dict]:
+    """Each backend's peak and inference alone's, `--memory-repeats` times each (fresh processes, alternating):
+    a peak RSS varies by some percent from run to run, so one pair is not a ratio to trust."""
     from esopt.train.memprobe import inference_peak_bytes
 
-    inference: dict[int, int | None] = {}
     out = []
     for key in args.backends:
         config = backend_config(args, key)
-        log(f"peak memory: {BACKENDS[key]} and inference alone ({config.rollout_batch_size} episodes), fresh processes")
-        cmd = [sys.executable, "-m", "esopt.experiments.efficiency", *argv, "--memory-child", key]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        peak = json.loads(res.stdout.strip().splitlines()[-1])["peak"] if res.returncode == 0 else None
-        if peak is None:
-            log(f"warning: the memory run of {BACKENDS[key]} failed: {res.stderr.strip().splitlines()[-1:]}")
-        if config.rollout_batch_size not in inference:
-            inference[config.rollout_batch_size] = inference_peak_bytes(config, config.rollout_batch_size)
-        out.append({"backend": BACKENDS[key], "peak": peak, "inference_peak": inference[config.rollout_batch_size],
-                    "rollout_batch": config.rollout_batch_size})
+        peaks, inference = [], []
+        for r in range(args.memory_repeats):
+            log(f"peak memory: {BACKENDS[key]} and inference alone ({config.rollout_batch_size} episodes), fresh "
+                f"processes, repeat {r + 1}/{args.memory_repeats}")
+            cmd = [sys.executable, "-m", "esopt.experiments.efficiency", *argv, "--memory-child", key]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            peak = json.loads(res.stdout.strip().splitlines()[-1])["peak"] if res.returncode == 0 else None
+            if peak is None:
+                log(f"warning: the memory run of {BACKENDS[key]} failed: {res.stderr.strip().splitlines()[-1:]}")
+            peaks.append(peak)
+            inference.append(inference_peak_bytes(config, config.rollout_batch_size))
+        ok = [p for p in peaks if p is not None]
+        inf = [p for p in inference if p is not None]
+        out.append({"backend": BACKENDS[key], "peak": statistics.median(ok) if ok else None,
+                    "inference_peak": statistics.median(inf) if inf else None, "peaks": peaks,
+                    "inference_peaks": inference, "rollout_batch": config.rollout_batch_size})
     return out
 
 
@@ -453,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed batch sizes pure inference also tries over all rows")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory processes")
+    p.add_argument("--memory-repeats", type=int, default=1,
+                   help="fresh-process peak measurements per backend and of inference alone (medians reported)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--out", default=None, help="also write OUT/efficiency.md and .json")
     p.add_argument("--memory-child", choices=list(BACKENDS), help=argparse.SUPPRESS)
@@ -462,10 +476,10 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args: argparse.Namespace) -> None:
     if args.members < 2 or args.members % 2:
         raise ValueError(f"--members must be an even number >= 2 (antithetic pairs), got {args.members}")
-    for name in ("tasks", "repeats", "threads"):
+    for name in ("tasks", "repeats", "threads", "memory_repeats"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1, got {value}")
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if any(b < 1 for b in args.floor_batches):
         raise ValueError(f"--floor-batches must be >= 1, got {args.floor_batches}")
     if any(s.partition("=")[0] == "max_batch_size" for s in args.set):

@@ -103,3 +103,18 @@ def test_prefix_seconds_times_the_prompts_common_prefix(tiny_engine):
     tokens, seconds = efficiency.prefix_seconds(policy, calls)
     assert tokens == len(policy.tokenizer(board, add_special_tokens=False)["input_ids"]) and seconds > 0
     assert efficiency.prefix_seconds(policy, [efficiency.Call(0, ["1", "2"], [0, 0], [1, 1], 0.0)]) == (0, 0.0)
+
+
+@pytest.mark.slow  # four fresh processes
+def test_memory_repeats_measure_each_side_in_fresh_processes_and_report_medians(tmp_path):
+    assert efficiency.main(["--model", "tiny", "--members", "2", "--tasks", "1", "--repeats", "1", "--threads", "1",
+                            "--backends", "batched", "--memory-repeats", "2", "--quiet", "--out", str(tmp_path)]) == 0
+    (m,) = json.loads((tmp_path / "efficiency.json").read_text())["memory"]
+    assert len(m["peaks"]) == len(m["inference_peaks"]) == 2
+    assert all(x and x > 0 for x in m["peaks"] + m["inference_peaks"])
+    assert m["peak"] == sum(m["peaks"]) / 2 and m["inference_peak"] == sum(m["inference_peaks"]) / 2  # median of two
+    row = next(x for x in (tmp_path / "efficiency.md").read_text().splitlines() if x.startswith("| low-rank batched | ")
+               and " = " in x)
+    assert row.count(" = ") == 2  # both repeats listed
+    with pytest.raises(ValueError, match="--memory-repeats must be >= 1"):
+        efficiency.main(["--model", "tiny", "--memory-repeats", "0"])
