@@ -130,9 +130,45 @@ class Perturbation:
         for (_, p), m in zip(self.params[:upto], self.masters):
             p.data.view(-1).copy_(m)
 
+    def blocks(self, coefs: dict[int, float], name: str, p: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """sum_seed coef * eps_seed for one parameter as (start, end, fp32 flat block), one noise chunk at a time,
+        seeds summed in the order given (dense Gaussian noise; kinds with other noise override this)."""
+        for j, s, e in self.noise.bounds(p.numel()):
+            acc = torch.zeros(e - s, dtype=torch.float32, device=p.device)
+            for seed, c in coefs.items():
+                acc.add_(self.noise.chunk(seed, name, j, e - s, p.device), alpha=c)
+            yield s, e, acc
+
+    @torch.no_grad()
     def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
-        """theta = theta * (1 - decay) + step * sum_seed coef_seed * eps_seed; returns the change's RMS."""
-        raise NotImplementedError
+        """theta = theta * (1 - decay) + step * sum_seed coef_seed * eps_seed; returns the change's RMS.
+        Accumulated in fp32 block by block, so training and replay do identical floating-point operations
+        (bit-exact replay in fp32) and no step holds a full-size delta."""
+        sq, count = 0.0, 0
+        scaled = {seed: c * step for seed, c in coefs.items()}
+        for k, (name, p) in enumerate(self.params):
+            flat = p.data.view(-1)
+            for s, e, d in self.blocks(scaled, name, p):
+                sq += float(torch.dot(d, d))
+                count += e - s
+                value = self.exact_value(k, s, e)
+                if value is None:  # subtract mode, non-fp32 weights
+                    self.rounded_update(flat[s:e], d, decay)
+                    continue
+                if decay:
+                    value.mul_(1.0 - decay)
+                value.add_(d.to(value.device))
+                self.keep(k, s, value)
+            if self.masters is not None:
+                flat.copy_(self.masters[k].to(p.device))
+        return math.sqrt(sq / max(count, 1))
+
+    @staticmethod
+    def rounded_update(chunk: torch.Tensor, acc: torch.Tensor, decay: float) -> None:
+        """Subtract mode's update of non-fp32 weights: decayed in their dtype, the fp32 step added, rounded."""
+        if decay:
+            chunk.mul_(1.0 - decay)
+        chunk.copy_(chunk.float().add_(acc))
 
     @torch.no_grad()
     def hold(self) -> None:
@@ -218,38 +254,6 @@ class GaussianNoise(Perturbation):
             out.append(acc.view(p.shape))
         return out
 
-    @torch.no_grad()
-    def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
-        """Accumulated in fp32, seeds summed in the order given, so training and replay do identical
-        floating-point operations (bit-exact replay in fp32)."""
-        sq, count = 0.0, 0
-        for k, (name, p) in enumerate(self.params):
-            flat = p.data.view(-1)
-            for j, s, e in self.noise.bounds(flat.numel()):
-                acc = torch.zeros(e - s, dtype=torch.float32, device=p.device)
-                for seed, c in coefs.items():
-                    acc.add_(self.draw(seed, name, j, e - s, p.device), alpha=c * step)
-                sq += float(torch.dot(acc, acc))
-                count += e - s
-                chunk = self.exact_value(k, s, e)
-                if chunk is None:  # subtract mode, bf16: decayed and rounded in the weights' dtype
-                    rounded_update(flat[s:e], acc, decay)
-                    continue
-                if decay:
-                    chunk.mul_(1.0 - decay)
-                chunk.add_(acc.to(chunk.device))
-                self.keep(k, s, chunk)
-            if self.masters is not None:
-                flat.copy_(self.masters[k])
-        return math.sqrt(sq / max(count, 1))
-
-
-def rounded_update(chunk: torch.Tensor, acc: torch.Tensor, decay: float) -> None:
-    """Subtract mode's update of non-fp32 weights: decayed in their dtype, the fp32 step added, rounded."""
-    if decay:
-        chunk.mul_(1.0 - decay)
-    chunk.copy_(chunk.float().add_(acc))
-
 
 def register_perturbation(cls: type[Perturbation]) -> type[Perturbation]:
     """Make a noise kind available to `ES` (config `noise: <dist>`) and to `replay` (usable as a decorator)."""
@@ -331,12 +335,8 @@ class LowRankNoise(Perturbation):
         """sum_seed coef * eps_seed for one parameter as (start, end, fp32 flat block), in blocks of whole rows
         of about `chunk_numel` elements, so no step holds a full-size delta (the tied embedding's is 113 MB).
         Every element gets the same operations in the same order as in one full-size accumulation."""
-        if p.dim() != 2:
-            for j, s, e in self.noise.bounds(p.numel()):
-                acc = torch.zeros(e - s, dtype=torch.float32, device=p.device)
-                for seed, c in coefs.items():
-                    acc.add_(self.noise.chunk(seed, name, j, e - s, p.device), alpha=c)
-                yield s, e, acc
+        if p.dim() != 2:  # others: full
+            yield from super().blocks(coefs, name, p)
             return
         out_dim, in_dim = p.shape
         inv = self.rank ** -0.5
@@ -370,29 +370,13 @@ class LowRankNoise(Perturbation):
     def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
         return [self.delta(coefs, name, p) for name, p in self.params]
 
-    @torch.no_grad()
-    def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
-        sq, count = 0.0, 0
-        scaled = {s: c * step for s, c in coefs.items()}
-        for k, (name, p) in enumerate(self.params):
-            flat = p.data.view(-1)
-            for s, e, d in self.blocks(scaled, name, p):
-                sq += float(torch.dot(d, d))
-                count += e - s
-                value = self.exact_value(k, s, e)
-                if value is None:  # subtract mode, bf16: decayed in fp32, rounded once
-                    new = flat[s:e].float()
-                    if decay:
-                        new.mul_(1.0 - decay)
-                    flat[s:e].copy_(new.add_(d))
-                    continue
-                if decay:
-                    value.mul_(1.0 - decay)
-                value.add_(d.to(value.device))
-                self.keep(k, s, value)
-            if self.masters is not None:
-                flat.copy_(self.masters[k].to(p.device))
-        return math.sqrt(sq / max(count, 1))
+    @staticmethod
+    def rounded_update(chunk: torch.Tensor, acc: torch.Tensor, decay: float) -> None:
+        """Subtract mode's update of non-fp32 weights: decayed in fp32 with the step, rounded once."""
+        new = chunk.float()
+        if decay:
+            new.mul_(1.0 - decay)
+        chunk.copy_(new.add_(acc))
 
 
 register_perturbation(LowRankNoise)

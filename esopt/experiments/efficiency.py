@@ -376,14 +376,12 @@ def memory_table(memory: list[dict]) -> list[str]:
     lines = ["Peak memory (RSS; each in a fresh process; inference-only: the same rollout batch, no ES). With "
              "several repeats: the median, then every repeat (ES, inference, ratio) in order:", "",
              "| backend | peak | inference-only peak | ratio | repeats |", "|---|---|---|---|---|"]
-    for m in memory:
-        peaks = [x for x in m.get("peaks", [m["peak"]]) if x is not None]
-        inference = [x for x in m.get("inference_peaks", [m["inference_peak"]]) if x is not None]
-        peak, inf = (statistics.median(peaks) if peaks else None), (statistics.median(inference) if inference else None)
-        each = "; ".join(f"{fmt_bytes(a)} / {fmt_bytes(b)} = {a / b:.3f}"
-                         for a, b in zip(m.get("peaks", []), m.get("inference_peaks", [])) if a and b)
+    for m in memory:  # "peak" and "inference_peak" are the medians of the repeats
+        peak, inf = m["peak"], m["inference_peak"]
+        pairs = list(zip(m["peaks"], m["inference_peaks"]))
+        each = "; ".join(f"{fmt_bytes(a)} / {fmt_bytes(b)} = {a / b:.3f}" for a, b in pairs if a and b)
         lines.append(f"| {m['backend']} | {fmt_bytes(peak) if peak else 'n/a'} | {fmt_bytes(inf) if inf else 'n/a'} | "
-                     f"{peak / inf if peak and inf else float('nan'):.3f} | {each if len(peaks) > 1 else '-'} |")
+                     f"{peak / inf if peak and inf else float('nan'):.3f} | {each if len(pairs) > 1 else '-'} |")
     return lines
 
 
