@@ -9,7 +9,9 @@ position ids that continue the prefix), then a plain decode loop samples with th
 
 A multi-turn rollout calls this once per turn with the same prefix. `PrefixKV` keeps the prefix's cache
 from one call to the next; the caller must drop it whenever the weights change (`HFEngine` keeps it for
-one rollout only, during which the weights are fixed).
+one rollout only, during which the weights are fixed). During a call the store lends its tensors to the batch
+cache and takes them back, copied from the batch's rows, at the end: batched ES keeps one prefix per member,
+and holding those beside the rows' own copies during decoding was the whole of its memory above inference.
 """
 
 from __future__ import annotations
@@ -51,13 +53,22 @@ class PrefixKV:
             n += 1
         return n, [self.groups[g] for g in groups]
 
-    def save(self, prefix: Sequence[int], groups: Sequence[int], cache: DynamicCache) -> None:
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):  # sliding windows drop tokens: skip
-            return
-        # references, not copies: a DynamicCache replaces its tensors as it grows, it never writes into them
+    def take_back(self, prefix: Sequence[int], groups: Sequence[int], rows: Sequence[int], cache: DynamicCache
+                  ) -> None:
+        """Store the first len(prefix) positions of `rows` (one row per group, in `groups` order) of a batch's
+        cache, freeing the batch's layers as it goes, so this never raises the peak. The rows' prefix positions
+        are copies of what was stored or encoded for them, so the store ends as it would have been kept."""
+        batch = cast(list[DynamicLayer], cache.layers)  # the caller checked: no sliding windows
+        index = torch.tensor(list(rows), device=cast(torch.Tensor, batch[0].keys).device)
+        n = len(prefix)
+        layers = []
+        for layer in batch:
+            keys, values = cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
+            layers.append((keys[index, :, :n], values[index, :, :n]))  # (groups, kv heads, n, dim): copies
+            layer.keys = layer.values = None  # the batch is done with it
         self.ids = tuple(prefix)
         self.groups = {g: i for i, g in enumerate(groups)}
-        self.layers = [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr, misc]
+        self.layers = layers
 
 
 def shared_prefix_length(ids: Sequence[Sequence[int]]) -> int:
@@ -126,10 +137,13 @@ def generate_with_shared_prefix(
     if seed is not None and not sampling.greedy:
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
-    cache = _prefix_cache(model, ids, prefix_len, groups, set_rows, store, min_reuse)
+    cache, lent = _prefix_cache(model, ids, prefix_len, groups, set_rows, store, min_reuse)
     input_ids, mask, positions = _suffix_batch(ids, prefix_len, pad_token_id, dev)
-    return _decode(model, cache, input_ids, mask, positions, prefix_len, sampling, eos_token_ids, pad_token_id,
-                   generator, return_logprobs)
+    out = _decode(model, cache, input_ids, mask, positions, prefix_len, sampling, eos_token_ids, pad_token_id,
+                  generator, return_logprobs)
+    if lent is not None and store is not None:
+        store.take_back(*lent, cache)
+    return out
 
 
 # Tokens per forward pass when the prefix is encoded for many weight groups (batched ES members): one pass
@@ -141,8 +155,10 @@ PREFIX_CHUNK_TOKENS = 1024
 
 def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_len: int,
                   groups: Sequence[int] | None, set_rows: Callable[[list[int]], None] | None,
-                  store: PrefixKV | None, min_reuse: int) -> DynamicCache:
-    """The KV of the shared prefix, once per group (reused from `store` where it holds it), expanded to rows."""
+                  store: PrefixKV | None, min_reuse: int
+                  ) -> tuple[DynamicCache, tuple[tuple[int, ...], list[int], list[int]] | None]:
+    """The KV of the shared prefix, once per group (reused from `store` where it holds it), expanded to rows;
+    and, when the store is lent to the batch, what it must take back after decoding (prefix, groups, rows)."""
     dev = next(model.parameters()).device
     distinct = sorted(set(groups)) if groups is not None else [0]
     reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
@@ -180,8 +196,12 @@ def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_l
     for layer, (k, v) in enumerate(layers):
         cache.update(k, v, layer)
     del layers
-    if store is not None and not reused and todo:
-        store.save(ids[0][:prefix_len], distinct, cache)
+    lent = None
+    if store is not None and all(type(layer) is DynamicLayer for layer in cache.layers):  # sliding windows drop tokens
+        if not reused and todo:  # a new prefix: stored after decoding
+            lent = (tuple(ids[0][:prefix_len]), distinct)
+        elif reused == len(store.ids) and set(store.groups) == set(distinct):  # the rows hold all it holds
+            lent = (store.ids, distinct)
     if groups is None:
         cache.batch_repeat_interleave(len(ids))
     else:
@@ -189,7 +209,13 @@ def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_l
         cache.batch_select_indices(torch.tensor([where[g] for g in groups], device=dev))
         if set_rows is not None:
             set_rows(list(groups))
-    return cache
+    if lent is None or store is None:
+        return cache, None
+    store.clear()  # the rows hold copies now; `take_back` restores it after decoding
+    first_row: dict[int, int] = {}
+    for row, g in enumerate(groups if groups is not None else [0]):
+        first_row.setdefault(g, row)
+    return cache, (*lent, [first_row[g] for g in distinct])
 
 
 def _suffix_batch(ids: Sequence[Sequence[int]], prefix_len: int, pad_token_id: int, dev: torch.device

@@ -407,9 +407,12 @@ def memory_child(args: argparse.Namespace) -> int:
 
 
 def measure_memory(args: argparse.Namespace, argv: list[str], log) -> list[dict]:
-    """Each backend's peak and inference alone's, `--memory-repeats` times each (fresh processes, alternating):
-    a peak RSS varies by some percent from run to run, so one pair is not a ratio to trust."""
+    """Each backend's peak and inference alone's, `--memory-repeats` times each (fresh processes, alternating,
+    both with glibc's mmap threshold fixed so that a peak RSS is live memory, not heap history)."""
     from esopt.train.memprobe import inference_peak_bytes
+    from esopt.utils.memory import steady_malloc_env
+
+    env = steady_malloc_env()
 
     out = []
     for key in args.backends:
@@ -419,12 +422,12 @@ def measure_memory(args: argparse.Namespace, argv: list[str], log) -> list[dict]
             log(f"peak memory: {BACKENDS[key]} and inference alone ({config.rollout_batch_size} episodes), fresh "
                 f"processes, repeat {r + 1}/{args.memory_repeats}")
             cmd = [sys.executable, "-m", "esopt.experiments.efficiency", *argv, "--memory-child", key]
-            res = subprocess.run(cmd, capture_output=True, text=True)
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env)
             peak = json.loads(res.stdout.strip().splitlines()[-1])["peak"] if res.returncode == 0 else None
             if peak is None:
                 log(f"warning: the memory run of {BACKENDS[key]} failed: {res.stderr.strip().splitlines()[-1:]}")
             peaks.append(peak)
-            inference.append(inference_peak_bytes(config, config.rollout_batch_size))
+            inference.append(inference_peak_bytes(config, config.rollout_batch_size, env))
         ok = [p for p in peaks if p is not None]
         inf = [p for p in inference if p is not None]
         out.append({"backend": BACKENDS[key], "peak": statistics.median(ok) if ok else None,

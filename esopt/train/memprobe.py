@@ -13,11 +13,12 @@ from esopt.train.config import BaseTrainConfig, build_config
 from esopt.utils.memory import peak_memory_bytes
 
 
-def inference_peak_bytes(config: BaseTrainConfig, episodes: int) -> int | None:
-    """Peak memory of inference alone (same model, same batch, same imports) in a fresh process."""
+def inference_peak_bytes(config: BaseTrainConfig, episodes: int, env: dict[str, str] | None = None) -> int | None:
+    """Peak memory of inference alone (same model, same batch, same imports) in a fresh process (`env`: its
+    environment, default this one's)."""
     cmd = [sys.executable, "-m", "esopt.train.memprobe", json.dumps(config.model_dump(mode="json")), str(episodes)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True, env=env)
         return int(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError) as e:
         print(f"warning: inference-only memory probe failed: {e}", file=sys.stderr)

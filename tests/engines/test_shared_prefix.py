@@ -122,3 +122,47 @@ def test_multi_turn_rollout_reuses_the_prefix_and_matches_a_rollout_without_it()
     assert policy.prefix_kv.reused_tokens > 0 and max(t.num_turns for t in kept) > 1
     plain, _ = run_episodes(NoScope(policy), make, list(range(8)), greedy, examples=examples)
     assert [[u.text for u in t.turns] for t in kept] == [[u.text for u in t.turns] for t in plain]
+
+
+@pytest.mark.parametrize("rows", [[0, 0, 1, 1, 2, 2, 3, 3], [3, 1, 0, 2, 1, 3, 0, 2]])
+def test_the_prefix_store_is_lent_to_the_batch_while_it_decodes_and_taken_back_exactly(prompts_and_policy, rows):
+    """Batched members each have their own prefix KV. While a batch decodes, the rows hold copies of it and the
+    store holds nothing (so the members' prefixes cost no memory beyond the rows' own); after the call the store
+    holds every member's prefix exactly as encoded, and a call that reuses it decodes what a fresh one does."""
+    from esopt.es import ES, ESConfig
+    from esopt.es.batched import BatchedLowRank
+    from esopt.engines.prefix import PrefixKV, generate_with_shared_prefix
+
+    policy, prompts = prompts_and_policy
+    model, tok = policy.model, policy.tokenizer
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts[:len(rows)]]
+    prefix_len = shared_prefix_length(ids)
+    es = ES(model, ESConfig(population_size=4, antithetic=True, sigma=0.3, sigma_schedule="constant", noise="lowrank"))
+    host, store = BatchedLowRank(model, es.perturbation), PrefixKV()
+    greedy = SamplingParams(temperature=0, max_new_tokens=8)
+    held: list[bool] = []  # does the store hold tensors when the model runs?
+    hook = model.register_forward_pre_hook(lambda module, args: held.append(bool(store.layers)))
+
+    def generate(with_store):
+        return generate_with_shared_prefix(model, ids, prefix_len, greedy, policy.eos_token_ids, tok.pad_token_id,
+                                           groups=rows, set_rows=host.set_rows, store=store if with_store else None)
+    try:
+        with torch.no_grad(), host.members(es.ask(), 0.3):
+            first = generate(True)
+            kept = [(k.clone(), v.clone()) for k, v in store.layers]
+            second = generate(True)  # the whole prefix from the store: no prefix pass
+            assert store.reused_tokens == prefix_len
+            hook.remove()
+            fresh = generate(False)
+            host.set_rows([0, 1, 2, 3])  # each member's prefix, encoded as the first call encoded it
+            alone = model(input_ids=torch.tensor([ids[0][:prefix_len]] * 4), use_cache=True, logits_to_keep=1)
+    finally:
+        hook.remove()
+    assert held and not any(held)
+    assert first == second == fresh and len({tuple(t) for t in first[0]}) > 1
+    assert store.ids == tuple(ids[0][:prefix_len]) and store.groups == {0: 0, 1: 1, 2: 2, 3: 3}
+    encoded = [(layer.keys, layer.values) for layer in alone.past_key_values.layers]
+    for (k, v), (k0, v0), (k1, v1) in zip(store.layers, kept, encoded, strict=True):
+        assert torch.equal(k, k0) and torch.equal(v, v0)  # taken back unchanged by the second call
+        assert torch.equal(k, k1) and torch.equal(v, v1)  # and exactly the members' own prefix KV
+    assert not torch.equal(encoded[-1][0][0], encoded[-1][0][1])  # the members' prefixes really differ

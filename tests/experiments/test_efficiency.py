@@ -118,3 +118,24 @@ def test_memory_repeats_measure_each_side_in_fresh_processes_and_report_medians(
     assert row.count(" = ") == 2  # both repeats listed
     with pytest.raises(ValueError, match="--memory-repeats must be >= 1"):
         efficiency.main(["--model", "tiny", "--memory-repeats", "0"])
+
+
+def test_memory_children_run_with_a_fixed_mmap_threshold(monkeypatch):
+    """Both sides' fresh processes get glibc's fixed mmap threshold, so a peak RSS is live memory on both."""
+    import subprocess
+    import types
+
+    from esopt.train import memprobe
+    from esopt.utils.memory import STEADY_MALLOC
+
+    envs = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env=None, **kw: envs.append(("es", env)) or
+                        types.SimpleNamespace(returncode=0, stdout='{"peak": 3}\n', stderr=""))
+    monkeypatch.setattr(memprobe, "inference_peak_bytes", lambda config, episodes, env=None:
+                        envs.append(("inference", env)) or 2)
+    args = efficiency.build_parser().parse_args(["--model", "tiny", "--backends", "batched", "--memory-repeats", "2"])
+    (m,) = efficiency.measure_memory(args, [], lambda msg: None)
+    assert m["peaks"] == [3, 3] and m["inference_peaks"] == [2, 2]
+    assert [side for side, _ in envs] == ["es", "inference"] * 2
+    for _, env in envs:
+        assert env is not None and all(env[k] == v for k, v in STEADY_MALLOC.items())
