@@ -8,7 +8,6 @@ import sys
 
 import torch
 
-
 # glibc raises its mmap threshold (up to 32 MB) each time a large block is freed, so which tensors land in the
 # heap, and how much freed heap RSS keeps, depends on the order of earlier frees: the peak RSS of the same run
 # varied by +-120 MiB. A fixed threshold maps every block over 64 KiB on its own and unmaps it when freed, so

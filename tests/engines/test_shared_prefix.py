@@ -129,9 +129,9 @@ def test_the_prefix_store_is_lent_to_the_batch_while_it_decodes_and_taken_back_e
     """Batched members each have their own prefix KV. While a batch decodes, the rows hold copies of it and the
     store holds nothing (so the members' prefixes cost no memory beyond the rows' own); after the call the store
     holds every member's prefix exactly as encoded, and a call that reuses it decodes what a fresh one does."""
+    from esopt.engines.prefix import PrefixKV, generate_with_shared_prefix
     from esopt.es import ES, ESConfig
     from esopt.es.batched import BatchedLowRank
-    from esopt.engines.prefix import PrefixKV, generate_with_shared_prefix
 
     policy, prompts = prompts_and_policy
     model, tok = policy.model, policy.tokenizer
