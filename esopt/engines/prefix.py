@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
@@ -28,6 +28,13 @@ from esopt.engines.base import SamplingParams
 
 # transformers 5.x renamed the forward's `past_key_values` to `cache`
 CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+class Loan(NamedTuple):
+    """What a store lent to a batch takes back after decoding: `prefix`'s positions of one row per group."""
+    prefix: tuple[int, ...]
+    groups: list[int]
+    rows: list[int]  # the batch row of each group, in `groups` order
 
 
 class PrefixKV:
@@ -53,21 +60,20 @@ class PrefixKV:
             n += 1
         return n, [self.groups[g] for g in groups]
 
-    def take_back(self, prefix: Sequence[int], groups: Sequence[int], rows: Sequence[int], cache: DynamicCache
-                  ) -> None:
-        """Store the first len(prefix) positions of `rows` (one row per group, in `groups` order) of a batch's
-        cache, freeing the batch's layers as it goes, so this never raises the peak. The rows' prefix positions
-        are copies of what was stored or encoded for them, so the store ends as it would have been kept."""
-        batch = cast(list[DynamicLayer], cache.layers)  # the caller checked: no sliding windows
-        index = torch.tensor(list(rows), device=cast(torch.Tensor, batch[0].keys).device)
-        n = len(prefix)
+    def take_back(self, loan: Loan, cache: DynamicCache) -> None:
+        """Store the loan's prefix positions of its rows of a batch's cache, freeing the batch's layers as it
+        goes, so this never raises the peak. The rows' prefix positions are copies of what was stored or encoded
+        for them, so the store ends as it would have been kept."""
+        batch = cast(list[DynamicLayer], cache.layers)  # the lender checked: no sliding windows
+        index = torch.tensor(loan.rows, device=cast(torch.Tensor, batch[0].keys).device)
+        n = len(loan.prefix)
         layers = []
         for layer in batch:
             keys, values = cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
             layers.append((keys[index, :, :n], values[index, :, :n]))  # (groups, kv heads, n, dim): copies
             layer.keys = layer.values = None  # the batch is done with it
-        self.ids = tuple(prefix)
-        self.groups = {g: i for i, g in enumerate(groups)}
+        self.ids = loan.prefix
+        self.groups = {g: i for i, g in enumerate(loan.groups)}
         self.layers = layers
 
 
@@ -137,12 +143,12 @@ def generate_with_shared_prefix(
     if seed is not None and not sampling.greedy:
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
-    cache, lent = _prefix_cache(model, ids, prefix_len, groups, set_rows, store, min_reuse)
+    cache, loan = _prefix_cache(model, ids, prefix_len, groups, set_rows, store, min_reuse)
     input_ids, mask, positions = _suffix_batch(ids, prefix_len, pad_token_id, dev)
     out = _decode(model, cache, input_ids, mask, positions, prefix_len, sampling, eos_token_ids, pad_token_id,
                   generator, return_logprobs)
-    if lent is not None and store is not None:
-        store.take_back(*lent, cache)
+    if loan is not None and store is not None:
+        store.take_back(loan, cache)
     return out
 
 
@@ -156,9 +162,9 @@ PREFIX_CHUNK_TOKENS = 1024
 def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_len: int,
                   groups: Sequence[int] | None, set_rows: Callable[[list[int]], None] | None,
                   store: PrefixKV | None, min_reuse: int
-                  ) -> tuple[DynamicCache, tuple[tuple[int, ...], list[int], list[int]] | None]:
+                  ) -> tuple[DynamicCache, Loan | None]:
     """The KV of the shared prefix, once per group (reused from `store` where it holds it), expanded to rows;
-    and, when the store is lent to the batch, what it must take back after decoding (prefix, groups, rows)."""
+    and, when the store is lent to the batch, what it must take back after decoding."""
     dev = next(model.parameters()).device
     distinct = sorted(set(groups)) if groups is not None else [0]
     reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
@@ -196,12 +202,12 @@ def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_l
     for layer, (k, v) in enumerate(layers):
         cache.update(k, v, layer)
     del layers
-    lent = None
+    lent = None  # the prefix the store holds after this call, when the rows will hold all of it
     if store is not None and all(type(layer) is DynamicLayer for layer in cache.layers):  # sliding windows drop tokens
         if not reused and todo:  # a new prefix: stored after decoding
-            lent = (tuple(ids[0][:prefix_len]), distinct)
-        elif reused == len(store.ids) and set(store.groups) == set(distinct):  # the rows hold all it holds
-            lent = (store.ids, distinct)
+            lent = tuple(ids[0][:prefix_len])
+        elif reused == len(store.ids) and set(store.groups) == set(distinct):
+            lent = store.ids
     if groups is None:
         cache.batch_repeat_interleave(len(ids))
     else:
@@ -215,7 +221,7 @@ def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_l
     first_row: dict[int, int] = {}
     for row, g in enumerate(groups if groups is not None else [0]):
         first_row.setdefault(g, row)
-    return cache, (*lent, [first_row[g] for g in distinct])
+    return cache, Loan(lent, distinct, [first_row[g] for g in distinct])
 
 
 def _suffix_batch(ids: Sequence[Sequence[int]], prefix_len: int, pad_token_id: int, dev: torch.device
