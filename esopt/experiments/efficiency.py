@@ -41,6 +41,7 @@ import torch
 
 from esopt.experiments.gpu import sync
 from esopt.experiments.population import MODE_OVERRIDES
+from esopt.utils.memory import fmt_mib
 from esopt.utils.report import write_report
 
 BACKENDS = {"full-rank": "full-rank sequential", "low-rank": "low-rank in place", "batched": "low-rank batched"}
@@ -371,11 +372,6 @@ def repeats_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def mib(n: float | None) -> str:
-    """MiB, whole: the ratios compare peaks a few percent apart (GiB to one decimal hides that)."""
-    return f"{n / 2**20:.0f} MiB" if n else "n/a"
-
-
 def memory_table(memory: list[dict]) -> list[str]:
     lines = ["Peak memory (RSS; each in a fresh process with glibc's mmap threshold fixed; inference-only: the same "
              "rollout batch, no ES). With several repeats: the median, then every repeat (ES, inference, ratio) in "
@@ -383,8 +379,8 @@ def memory_table(memory: list[dict]) -> list[str]:
     for m in memory:  # "peak" and "inference_peak" are the medians of the repeats
         peak, inf = m["peak"], m["inference_peak"]
         pairs = list(zip(m["peaks"], m["inference_peaks"]))
-        each = "; ".join(f"{mib(a)} / {mib(b)} = {a / b:.3f}" for a, b in pairs if a and b)
-        lines.append(f"| {m['backend']} | {mib(peak)} | {mib(inf)} | "
+        each = "; ".join(f"{fmt_mib(a)} / {fmt_mib(b)} = {a / b:.3f}" for a, b in pairs if a and b)
+        lines.append(f"| {m['backend']} | {fmt_mib(peak)} | {fmt_mib(inf)} | "
                      f"{peak / inf if peak and inf else float('nan'):.3f} | {each if len(pairs) > 1 else '-'} |")
     return lines
 

@@ -235,10 +235,6 @@ def _std(xs: list[float]) -> float:
     return math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def _mib(x: float) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{x / 2**20:.0f} MiB"
-
-
 def _ratio(a: float, b: float) -> str:
     return "n/a" if not b or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
 
@@ -317,6 +313,8 @@ def time_lines(plan: Plan, by: dict, methods: list[str]) -> list[str]:
 
 def report(plan: Plan, results: list[RunResult]) -> str:
     """The markdown of horizon.md (tables only; the curves are horizon.png)."""
+    from esopt.utils.memory import fmt_mib  # torch: not at import time (the CLI's start-up)
+
     methods = [m for m in plan.methods if any(r.method == m for r in results)]
     by = {(m, h): [r for r in results if r.method == m and r.h_star == h] for m in plan.methods for h in plan.h_stars}
     m_eps = plan.episodes_per_step
@@ -370,7 +368,7 @@ def report(plan: Plan, results: list[RunResult]) -> str:
               "| method | peak | inference-only peak | method / inference-only | method / ES |",
               "|---|---|---|---|---|"]
     for m in methods:
-        lines.append(f"| {LABELS[m]} | {_mib(peak[m])} | {_mib(infer[m])} | {_ratio(peak[m], infer[m])} | "
+        lines.append(f"| {LABELS[m]} | {fmt_mib(peak[m])} | {fmt_mib(infer[m])} | {_ratio(peak[m], infer[m])} | "
                      f"{_ratio(peak[m], peak.get('es', math.nan))} |")
     if not plan.isolate:
         lines += ["", "Note: these runs shared one process, so each peak includes every earlier run's; run "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
@@ -35,6 +36,11 @@ def peak_memory_bytes(device: str | torch.device = "cpu") -> int:
         pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def fmt_mib(n: float | None) -> str:
+    """Whole MiB ("n/a" when unmeasured): peak ratios compare peaks a few percent apart, which GiB hides."""
+    return "n/a" if n is None or math.isnan(n) else f"{n / 2**20:.0f} MiB"
 
 
 def fmt_bytes(n: float) -> str:
