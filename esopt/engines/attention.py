@@ -5,9 +5,17 @@ With one query token per row, torch's CPU SDPA kernel is slow: 19 ms for 128 row
 key-value heads takes 1.9 ms. Prefill (many query tokens) stays on SDPA, which is faster there. Decoding
 many rows at once is exactly what batched ES populations do, so this is registered as an attention
 implementation of `transformers` and switched on for CPU models by `HFEngine`.
+
+The same implementation attends over a prompt prefix that many rows share without copying it into each row
+(`SharedPrefix`, passed as the model call's `shared_prefix` keyword; `prefix.py` builds it): the rows' queries
+meet each shared prefix in one matmul per key-value head, and only the rows' own positions are per row. At 128
+rows of an 800-token prefix that per-row copy, and attention over it, cost several times the model's own
+matmuls per decode step.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
@@ -17,12 +25,63 @@ from transformers.masking_utils import sdpa_mask
 NAME = "esopt_cpu_decode"
 
 
+class SharedPrefix(NamedTuple):
+    """A prefix's KV cache that runs of rows share: per layer (entries, kv heads, P, dim) keys and values; row
+    r reads entry e for every (start, end, e) run with start <= r < end. The rows' cache holds only their own
+    positions, which follow the prefix's P (masks count them after it)."""
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    runs: list[tuple[int, int, int]]
+
+
+def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                     prefix: tuple[torch.Tensor, torch.Tensor], runs: list[tuple[int, int, int]], scale: float
+                     ) -> torch.Tensor:
+    """softmax(q [K_prefix | K_own]^T) [V_prefix | V_own] with the prefix shared by runs of rows and visible to
+    every query: query (B, H, L, D), key/value (B, KV, S, D) the rows' own positions, prefix (E, KV, P, D),
+    mask (B or 1, 1, L, P + S) over both (its prefix part is not read). Returns (B, L, H, D).
+
+    The two parts are exponentiated against their common maximum and normalised once at the end, so the
+    prefix scores stay in the layout of their GEMM: (kv heads, rows x group x L, P)."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, (kp, vp) = key.shape[1], prefix
+    rows_len, p_len = heads // kv_heads * q_len, kp.shape[2]  # query heads h = k * group + j read kv head k
+    q = query.reshape(batch, kv_heads, rows_len, dim) * scale
+    own = torch.matmul(q, key.transpose(-1, -2)).float()  # (B, KV, group x L, S)
+    if mask is not None:  # bool keeps, float adds; the same for every head of a kv group
+        part = mask[:, :, None, :, p_len:p_len + key.shape[2]]
+        view = own.view(batch, kv_heads, -1, q_len, key.shape[2])
+        view.masked_fill_(~part, float("-inf")) if part.dtype == torch.bool else view.add_(part)
+    shared = []  # per run (KV, rows x group x L, P): one GEMM per kv head, not one matmul per row
+    top = own.amax(-1)  # (B, KV, group x L)
+    for start, end, e in runs:
+        rows = q[start:end].transpose(0, 1).reshape(kv_heads, -1, dim)
+        scores = torch.matmul(rows, kp[e].transpose(-1, -2)).float()
+        shared.append(scores)
+        peak = scores.amax(-1).view(kv_heads, end - start, rows_len).transpose(0, 1)
+        torch.maximum(top[start:end], peak, out=top[start:end])
+    own = own.sub_(top[..., None]).exp_()
+    total = own.sum(-1)  # (B, KV, group x L)
+    out = torch.matmul(own.to(value.dtype), value).float()  # (B, KV, group x L, D)
+    for (start, end, e), scores in zip(runs, shared):
+        n = end - start
+        scores = scores.sub_(top[start:end].transpose(0, 1).reshape(kv_heads, -1, 1)).exp_()
+        total[start:end] += scores.sum(-1).view(kv_heads, n, rows_len).transpose(0, 1)
+        part = torch.matmul(scores.to(vp.dtype), vp[e]).float()  # (KV, rows x group x L, D)
+        out[start:end] += part.view(kv_heads, n, rows_len, dim).transpose(0, 1)
+    out = (out / total[..., None]).to(value.dtype)
+    return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous()
+
+
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """Same contract as `transformers`' `sdpa_attention_forward`: query (B, H, L, D), key and value
     (B, KV, S, D) with H a multiple of KV; returns (B, L, H, D)."""
     batch, heads, q_len, dim = query.shape
+    shared = kwargs.get("shared_prefix")
+    if shared is not None:
+        return prefix_attention(query, key, value, attention_mask, shared.layers[module.layer_idx], shared.runs,
+                                dim ** -0.5 if scaling is None else scaling), None
     unsupported = (dropout and module.training) or kwargs.get("position_bias") is not None or \
         kwargs.get("softcap") is not None or heads % key.shape[1]
     if q_len != 1 or query.device.type != "cpu" or unsupported:

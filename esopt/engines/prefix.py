@@ -2,39 +2,33 @@
 
 In an agent rollout every prompt of a batch starts with the same system prompt and worked examples
 (79% of a few-shot Sudoku prompt for SmolLM2). Plain batched `generate` re-encodes that prefix for
-every row. Here the prefix is encoded once at batch 1, its cache is repeated over the batch, and only
-the per-episode suffixes are encoded (left-padded *between* prefix and suffix, masked out, with
-position ids that continue the prefix), then a plain decode loop samples with the same rules as
-`transformers` (temperature, then top-k, then top-p; greedy when temperature is 0).
+every row. Here the prefix is encoded once at batch 1 and only the per-episode suffixes are encoded
+(left-padded *between* prefix and suffix, masked out, with position ids that continue the prefix), then a
+plain decode loop samples with the same rules as `transformers` (temperature, then top-k, then top-p; greedy
+when temperature is 0). With the CPU attention of `attention.py` the rows read the one prefix cache
+(`SharedPrefix`) and hold only their own positions; otherwise each row starts with a copy of it.
 
 A multi-turn rollout calls this once per turn with the same prefix. `PrefixKV` keeps the prefix's cache
 from one call to the next; the caller must drop it whenever the weights change (`HFEngine` keeps it for
-one rollout only, during which the weights are fixed). During a call the store lends its tensors to the batch
-cache and takes them back, copied from the batch's rows, at the end: batched ES keeps one prefix per member,
-and holding those beside the rows' own copies during decoding was the whole of its memory above inference.
+one rollout only, during which the weights are fixed). Batched ES keeps one prefix per member.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, cast
+from typing import cast
 
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
+from esopt.engines.attention import NAME as ATTENTION
+from esopt.engines.attention import SharedPrefix
 from esopt.engines.base import SamplingParams
 
 # transformers 5.x renamed the forward's `past_key_values` to `cache`
 CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
-
-
-class Loan(NamedTuple):
-    """What a store lent to a batch takes back after decoding: `prefix`'s positions of one row per group."""
-    prefix: tuple[int, ...]
-    groups: list[int]
-    rows: list[int]  # the batch row of each group, in `groups` order
 
 
 class PrefixKV:
@@ -60,20 +54,11 @@ class PrefixKV:
             n += 1
         return n, [self.groups[g] for g in groups]
 
-    def take_back(self, loan: Loan, cache: DynamicCache) -> None:
-        """Store the loan's prefix positions of its rows of a batch's cache, freeing the batch's layers as it
-        goes, so this never raises the peak. The rows' prefix positions are copies of what was stored or encoded
-        for them, so the store ends as it would have been kept."""
-        batch = cast(list[DynamicLayer], cache.layers)  # the lender checked: no sliding windows
-        index = torch.tensor(loan.rows, device=cast(torch.Tensor, batch[0].keys).device)
-        n = len(loan.prefix)
-        layers = []
-        for layer in batch:
-            keys, values = cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
-            layers.append((keys[index, :, :n], values[index, :, :n]))  # (groups, kv heads, n, dim): copies
-            layer.keys = layer.values = None  # the batch is done with it
-        self.ids = loan.prefix
-        self.groups = {g: i for i, g in enumerate(loan.groups)}
+    def keep(self, prefix: Sequence[int], groups: Sequence[int], layers: list[tuple[torch.Tensor, torch.Tensor]]
+             ) -> None:
+        """Hold `layers` ((groups, kv heads, len(prefix), dim) per layer) as the cache of `prefix` per group."""
+        self.ids = tuple(prefix)
+        self.groups = {g: i for i, g in enumerate(groups)}
         self.layers = layers
 
 
@@ -143,13 +128,20 @@ def generate_with_shared_prefix(
     if seed is not None and not sampling.greedy:
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
-    cache, loan = _prefix_cache(model, ids, prefix_len, groups, set_rows, store, min_reuse)
     input_ids, mask, positions = _suffix_batch(ids, prefix_len, pad_token_id, dev)
-    out = _decode(model, cache, input_ids, mask, positions, prefix_len, sampling, eos_token_ids, pad_token_id,
-                  generator, return_logprobs)
-    if loan is not None and store is not None:
-        store.take_back(loan, cache)
-    return out
+    layers, entries = _prefix_layers(model, ids, prefix_len, groups, set_rows, store, min_reuse)
+    if groups is not None and set_rows is not None:
+        set_rows(list(groups))
+    own = input_ids.shape[1] + sampling.max_new_tokens  # positions each row adds to the prefix
+    shared = None
+    if getattr(model.config, "_attn_implementation", None) == ATTENTION and _plain_layers(model, len(layers)):
+        shared = SharedPrefix(layers, _runs(entries))
+        cache = Cache(layers=[SuffixLayer(prefix_len, own) for _ in layers])
+    else:  # each row starts with a copy of its prefix
+        cache = Cache(layers=[_static_rows(k, v, entries, prefix_len + own) for k, v in layers])
+    del layers
+    return _decode(model, cache, input_ids, mask, positions, prefix_len, sampling, eos_token_ids, pad_token_id,
+                   generator, return_logprobs, shared)
 
 
 # Tokens per forward pass when the prefix is encoded for many weight groups (batched ES members): one pass
@@ -159,12 +151,12 @@ def generate_with_shared_prefix(
 PREFIX_CHUNK_TOKENS = 1024
 
 
-def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_len: int,
-                  groups: Sequence[int] | None, set_rows: Callable[[list[int]], None] | None,
-                  store: PrefixKV | None, min_reuse: int
-                  ) -> tuple[DynamicCache, Loan | None]:
-    """The KV of the shared prefix, once per group (reused from `store` where it holds it), expanded to rows;
-    and, when the store is lent to the batch, what it must take back after decoding."""
+def _prefix_layers(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_len: int,
+                   groups: Sequence[int] | None, set_rows: Callable[[list[int]], None] | None,
+                   store: PrefixKV | None, min_reuse: int
+                   ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int]]:
+    """The KV of the shared prefix per layer, (entries, kv heads, P, dim), once per group (taken from `store`
+    where it holds it, and kept there), and each row's entry."""
     dev = next(model.parameters()).device
     distinct = sorted(set(groups)) if groups is not None else [0]
     reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
@@ -172,6 +164,8 @@ def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_l
         reused = 0
     if reused and store is not None:
         store.reused_tokens += reused
+    if store is not None and reused == prefix_len == len(store.ids):  # all of it stored: no copy
+        return store.layers, [store.groups[g] for g in (groups if groups is not None else [0] * len(ids))]
     todo = list(ids[0][reused:prefix_len])
     per_pass = max(1, PREFIX_CHUNK_TOKENS // max(1, len(todo)))
     layers: list[tuple[torch.Tensor, torch.Tensor]] = []  # (groups, kv heads, tokens, dim) per layer, filled by chunks
@@ -198,30 +192,55 @@ def _prefix_cache(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_l
             k_all[start:start + len(chunk)] = k
             v_all[start:start + len(chunk)] = v
         del part, kv
-    cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
-    for layer, (k, v) in enumerate(layers):
-        cache.update(k, v, layer)
-    del layers
-    lent = None  # the prefix the store holds after this call, when the rows will hold all of it
-    if store is not None and all(type(layer) is DynamicLayer for layer in cache.layers):  # sliding windows drop tokens
-        if not reused and todo:  # a new prefix: stored after decoding
-            lent = tuple(ids[0][:prefix_len])
-        elif reused == len(store.ids) and set(store.groups) == set(distinct):
-            lent = store.ids
-    if groups is None:
-        cache.batch_repeat_interleave(len(ids))
-    else:
-        where = {g: k for k, g in enumerate(distinct)}
-        cache.batch_select_indices(torch.tensor([where[g] for g in groups], device=dev))
-        if set_rows is not None:
-            set_rows(list(groups))
-    if lent is None or store is None:
-        return cache, None
-    store.clear()  # the rows hold copies now; `take_back` restores it after decoding
-    first_row: dict[int, int] = {}
-    for row, g in enumerate(groups if groups is not None else [0]):
-        first_row.setdefault(g, row)
-    return cache, Loan(lent, distinct, [first_row[g] for g in distinct])
+    if store is not None and _plain_layers(model, len(layers)):  # sliding windows drop tokens: not kept
+        store.keep(ids[0][:prefix_len], distinct, layers)
+    where = {g: k for k, g in enumerate(distinct)}
+    return layers, [where[g] for g in groups] if groups is not None else [0] * len(ids)
+
+
+def _plain_layers(model: torch.nn.Module, n: int) -> bool:
+    """Whether the model's cache is `n` plain (full attention) layers."""
+    layers = DynamicCache(config=model.config).layers  # type: ignore[arg-type]
+    return len(layers) == n and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _runs(entries: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(start, end, entry) for each run of consecutive rows of one entry."""
+    runs, start = [], 0
+    for end in range(1, len(entries) + 1):
+        if end == len(entries) or entries[end] != entries[start]:
+            runs.append((start, end, entries[start]))
+            start = end
+    return runs
+
+
+class SuffixLayer(StaticLayer):
+    """A static cache layer of the rows' own positions after a `prefix_len`-token prefix that they read from a
+    `SharedPrefix`: lengths and masks count the prefix first. Static: a decode step writes its token in
+    place, where `DynamicLayer` copies the whole cache into fresh memory every step."""
+
+    def __init__(self, prefix_len: int, max_cache_len: int) -> None:
+        super().__init__(max_cache_len=max_cache_len)
+        self.prefix_len = prefix_len
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.prefix_len + self.max_cache_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.prefix_len + int(super().get_seq_length())
+
+
+def _static_rows(keys: torch.Tensor, values: torch.Tensor, entries: Sequence[int], capacity: int) -> StaticLayer:
+    """A `StaticLayer` of `capacity` positions whose row r starts with entry `entries[r]` of keys and values
+    ((entries, kv heads, S, dim)): for attention implementations that cannot read a `SharedPrefix`."""
+    layer = StaticLayer(max_cache_len=capacity)
+    rows = len(entries)
+    layer.lazy_initialization(keys[:1].expand(rows, *keys.shape[1:]), values[:1].expand(rows, *values.shape[1:]))
+    for start, end, e in _runs(entries):
+        for buffer, src in ((layer.keys, keys), (layer.values, values)):
+            cast(torch.Tensor, buffer)[start:end, :, :keys.shape[2]] = src[e:e + 1]
+    layer.cumulative_length.fill_(keys.shape[2])
+    return layer
 
 
 def _suffix_batch(ids: Sequence[Sequence[int]], prefix_len: int, pad_token_id: int, dev: torch.device
@@ -241,10 +260,10 @@ def _suffix_batch(ids: Sequence[Sequence[int]], prefix_len: int, pad_token_id: i
     return input_ids.to(dev), mask.to(dev), positions.to(dev)
 
 
-def _decode(model: torch.nn.Module, cache: DynamicCache, input_ids: torch.Tensor, mask: torch.Tensor,
+def _decode(model: torch.nn.Module, cache: Cache, input_ids: torch.Tensor, mask: torch.Tensor,
             positions: torch.Tensor, prefix_len: int, sampling: SamplingParams, eos_token_ids: Sequence[int],
-            pad_token_id: int, generator: torch.Generator | None, return_logprobs: bool
-            ) -> tuple[list[list[int]], list[list[float]] | None]:
+            pad_token_id: int, generator: torch.Generator | None, return_logprobs: bool,
+            shared: SharedPrefix | None = None) -> tuple[list[list[int]], list[list[float]] | None]:
     """The decode loop over the suffixes: token ids per row, cut after the first EOS (and their log-probs)."""
     dev, (batch, width) = input_ids.device, input_ids.shape
     cache_position = torch.arange(prefix_len, prefix_len + width, device=dev)
@@ -253,9 +272,10 @@ def _decode(model: torch.nn.Module, cache: DynamicCache, input_ids: torch.Tensor
     steps: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
     temperature = 1.0 if sampling.greedy else sampling.temperature
+    extra = {} if shared is None else {"shared_prefix": shared}
     for t in range(sampling.max_new_tokens):
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache_position=cache_position,
-                    use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache})
+                    use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache}, **extra)
         logits = out.logits[:, -1].float()  # (B, V)
         token = next_tokens(logits, sampling, generator)
         token = torch.where(done, torch.full_like(token, pad_token_id), token)

@@ -2,10 +2,11 @@
 
 import copy
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from esopt.engines.attention import NAME, use_decode_attention
+from esopt.engines.attention import NAME, prefix_attention, use_decode_attention
 
 
 def gqa_llama() -> LlamaForCausalLM:
@@ -48,3 +49,27 @@ def test_only_cpu_sdpa_models_are_switched():
     eager = gqa_llama()
     eager.set_attn_implementation("eager")
     assert not use_decode_attention(eager) and eager.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_prefix_attention_matches_sdpa_over_each_rows_own_copy_of_its_prefix(q_len):
+    """Runs of rows sharing one of three prefixes, grouped query heads, masked own positions, one or several
+    queries per row: the same as SDPA over [the row's prefix | its own keys]."""
+    g = torch.Generator().manual_seed(1)
+    batch, heads, kv_heads, dim, p_len, own = 6, 6, 2, 8, 5, 4
+    runs = [(0, 2, 1), (2, 3, 0), (3, 6, 2)]
+    query = torch.randn(batch, heads, q_len, dim, generator=g)
+    key, value = (torch.randn(batch, kv_heads, own, dim, generator=g) for _ in range(2))
+    kp, vp = (torch.randn(3, kv_heads, p_len, dim, generator=g) for _ in range(2))
+    mask = torch.rand(batch, 1, q_len, p_len + own, generator=g) > 0.4
+    mask[..., p_len] = True  # every query sees at least one own position
+    mask[..., :p_len] = False  # the prefix part of the mask is not read: the prefix is visible to every query
+    got = prefix_attention(query, key, value, mask, (kp, vp), runs, dim ** -0.5)  # (B, L, H, D)
+    entry = [e for start, end, e in runs for _ in range(start, end)]
+    full_k = torch.cat([kp[entry], key], 2).repeat_interleave(heads // kv_heads, 1)
+    full_v = torch.cat([vp[entry], value], 2).repeat_interleave(heads // kv_heads, 1)
+    visible = mask.clone()
+    visible[..., :p_len] = True
+    expected = torch.nn.functional.scaled_dot_product_attention(query, full_k, full_v, attn_mask=visible)
+    assert got.shape == (batch, q_len, heads, dim)
+    assert torch.allclose(got, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)

@@ -59,6 +59,23 @@ def test_shared_prefix_decoding_gives_the_plain_generate_tokens(prompts_and_poli
         assert len({tuple(g.token_ids) for g in fast}) > 1
 
 
+def test_without_the_cpu_attention_rows_copy_the_prefix_and_decode_the_same_tokens():
+    """Attention implementations that cannot read a shared prefix (here torch's SDPA) get each row's own copy."""
+    model, tokenizer = build_tiny_model(seed=3)
+    policy = HFEngine(model, tokenizer, cpu_decode_attention=False)
+    assert model.config._attn_implementation == "sdpa"
+    env = make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)
+    examples = env_examples(env, 2)
+    instructions = env.unwrapped.instructions
+    prompts = [build_markov_prompt(policy, instructions, env.reset(seed=s)[0], examples) for s in range(6)]
+    sampling = SamplingParams(temperature=0.9, top_p=0.9, top_k=30, max_new_tokens=12)
+    fast = policy.generate(prompts, sampling, seed=5)
+    policy.prefix_cache = False
+    plain = policy.generate(prompts, sampling, seed=5)
+    assert [g.token_ids for g in fast] == [g.token_ids for g in plain]
+    assert len({tuple(g.token_ids) for g in fast}) > 1
+
+
 def test_filter_logits_matches_transformers_warpers():
     torch.manual_seed(0)
     logits = torch.randn(5, 50)
@@ -125,11 +142,11 @@ def test_multi_turn_rollout_reuses_the_prefix_and_matches_a_rollout_without_it()
 
 
 @pytest.mark.parametrize("rows", [[0, 0, 1, 1, 2, 2, 3, 3], [3, 1, 0, 2, 1, 3, 0, 2]])
-def test_the_prefix_store_is_lent_to_the_batch_while_it_decodes_and_taken_back_exactly(prompts_and_policy, rows):
-    """Batched members each have their own prefix KV. While a batch decodes, the rows hold copies of it and the
-    store holds nothing (so the members' prefixes cost no memory beyond the rows' own); after the call the store
-    holds every member's prefix exactly as encoded, and a call that reuses it decodes what a fresh one does."""
-    from esopt.engines.prefix import PrefixKV, generate_with_shared_prefix
+def test_rows_read_the_stored_prefix_of_their_member_without_copying_it(prompts_and_policy, rows):
+    """Batched members each have their own prefix KV. The rows read it where the store holds it: the batch's
+    cache holds only the rows' own positions, a second call reuses the stored tensors themselves, the store
+    holds every member's prefix exactly as encoded, and every call decodes what a call without a store does."""
+    from esopt.engines.prefix import PrefixKV, SuffixLayer, generate_with_shared_prefix
     from esopt.es import ES, ESConfig
     from esopt.es.batched import BatchedLowRank
 
@@ -140,8 +157,14 @@ def test_the_prefix_store_is_lent_to_the_batch_while_it_decodes_and_taken_back_e
     es = ES(model, ESConfig(population_size=4, antithetic=True, sigma=0.3, sigma_schedule="constant", noise="lowrank"))
     host, store = BatchedLowRank(model, es.perturbation), PrefixKV()
     greedy = SamplingParams(temperature=0, max_new_tokens=8)
-    held: list[bool] = []  # does the store hold tensors when the model runs?
-    hook = model.register_forward_pre_hook(lambda module, args: held.append(bool(store.layers)))
+    own: list[int] = []  # positions the batch's cache holds per row, at every decoding forward
+
+    def spy(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if kwargs["input_ids"].shape[0] == len(rows):  # a decoding forward, not a prefix pass
+            assert all(isinstance(layer, SuffixLayer) for layer in cache.layers)
+            own.append(max(layer.max_cache_len for layer in cache.layers))
+    hook = model.register_forward_pre_hook(spy, with_kwargs=True)
 
     def generate(with_store):
         return generate_with_shared_prefix(model, ids, prefix_len, greedy, policy.eos_token_ids, tok.pad_token_id,
@@ -149,7 +172,7 @@ def test_the_prefix_store_is_lent_to_the_batch_while_it_decodes_and_taken_back_e
     try:
         with torch.no_grad(), host.members(es.ask(), 0.3):
             first = generate(True)
-            kept = [(k.clone(), v.clone()) for k, v in store.layers]
+            kept = [(k.data_ptr(), k.clone(), v.clone()) for k, v in store.layers]
             second = generate(True)  # the whole prefix from the store: no prefix pass
             assert store.reused_tokens == prefix_len
             hook.remove()
@@ -158,11 +181,12 @@ def test_the_prefix_store_is_lent_to_the_batch_while_it_decodes_and_taken_back_e
             alone = model(input_ids=torch.tensor([ids[0][:prefix_len]] * 4), use_cache=True, logits_to_keep=1)
     finally:
         hook.remove()
-    assert held and not any(held)
+    width = max(len(x) for x in ids) - prefix_len
+    assert own and set(own) == {width + greedy.max_new_tokens}  # the suffix and new tokens, never the prefix
     assert first == second == fresh and len({tuple(t) for t in first[0]}) > 1
     assert store.ids == tuple(ids[0][:prefix_len]) and store.groups == {0: 0, 1: 1, 2: 2, 3: 3}
     encoded = [(layer.keys, layer.values) for layer in alone.past_key_values.layers]
-    for (k, v), (k0, v0), (k1, v1) in zip(store.layers, kept, encoded, strict=True):
-        assert torch.equal(k, k0) and torch.equal(v, v0)  # taken back unchanged by the second call
+    for (k, v), (ptr, k0, v0), (k1, v1) in zip(store.layers, kept, encoded, strict=True):
+        assert k.data_ptr() == ptr and torch.equal(k, k0) and torch.equal(v, v0)  # the same tensors, unchanged
         assert torch.equal(k, k1) and torch.equal(v, v1)  # and exactly the members' own prefix KV
     assert not torch.equal(encoded[-1][0][0], encoded[-1][0][1])  # the members' prefixes really differ
