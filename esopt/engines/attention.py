@@ -41,12 +41,14 @@ def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     mask (B or 1, 1, L, P + S) over both (its prefix part is not read). Returns (B, L, H, D).
 
     The two parts are exponentiated against their common maximum and normalised once at the end, so the
-    prefix scores stay in the layout of their GEMM: (kv heads, rows x group x L, P)."""
+    prefix scores stay in the layout of their GEMM: (kv heads, rows x group x L, P). Scores in fp32, as torch's
+    SDPA kernels keep them: rounded to bf16 (|s| ~ 10-30, 8 mantissa bits) they flipped 3 of 16 greedy
+    SmolLM2 tokens against fp32 weights where SDPA flipped 1. Probabilities meet the values in their dtype."""
     batch, heads, q_len, dim = query.shape
     kv_heads, (kp, vp) = key.shape[1], prefix
     rows_len, p_len = heads // kv_heads * q_len, kp.shape[2]  # query heads h = k * group + j read kv head k
-    q = query.reshape(batch, kv_heads, rows_len, dim) * scale
-    own = torch.matmul(q, key.transpose(-1, -2)).float()  # (B, KV, group x L, S)
+    q = query.reshape(batch, kv_heads, rows_len, dim).float() * scale
+    own = torch.matmul(q, key.float().transpose(-1, -2))  # (B, KV, group x L, S)
     if mask is not None:  # bool keeps, float adds; the same for every head of a kv group
         part = mask[:, :, None, :, p_len:p_len + key.shape[2]]
         view = own.view(batch, kv_heads, -1, q_len, key.shape[2])
@@ -55,7 +57,7 @@ def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     top = own.amax(-1)  # (B, KV, group x L)
     for start, end, e in runs:
         rows = q[start:end].transpose(0, 1).reshape(kv_heads, -1, dim)
-        scores = torch.matmul(rows, kp[e].transpose(-1, -2)).float()
+        scores = torch.matmul(rows, kp[e].float().transpose(-1, -2))
         shared.append(scores)
         peak = scores.amax(-1).view(kv_heads, end - start, rows_len).transpose(0, 1)
         torch.maximum(top[start:end], peak, out=top[start:end])
