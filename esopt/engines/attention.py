@@ -80,12 +80,15 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     """Same contract as `transformers`' `sdpa_attention_forward`: query (B, H, L, D), key and value
     (B, KV, S, D) with H a multiple of KV; returns (B, L, H, D)."""
     batch, heads, q_len, dim = query.shape
-    shared = kwargs.get("shared_prefix")
-    if shared is not None:
-        return prefix_attention(query, key, value, attention_mask, shared.layers[module.layer_idx], shared.runs,
-                                dim ** -0.5 if scaling is None else scaling), None
     unsupported = (dropout and module.training) or kwargs.get("position_bias") is not None or \
         kwargs.get("softcap") is not None or heads % key.shape[1]
+    shared = kwargs.get("shared_prefix")
+    if shared is not None:
+        if unsupported:  # SDPA cannot read it either: the rows' cache lacks the prefix
+            raise ValueError(f"{type(module).__name__} needs dropout, a position bias or a softcap, which the "
+                             "shared-prefix attention does not implement")
+        return prefix_attention(query, key, value, attention_mask, shared.layers[module.layer_idx], shared.runs,
+                                dim ** -0.5 if scaling is None else scaling), None
     if q_len != 1 or query.device.type != "cpu" or unsupported:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

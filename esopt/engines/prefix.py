@@ -129,12 +129,13 @@ def generate_with_shared_prefix(
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
     input_ids, mask, positions = _suffix_batch(ids, prefix_len, pad_token_id, dev)
-    layers, entries = _prefix_layers(model, ids, prefix_len, groups, set_rows, store, min_reuse)
+    plain = _plain_layers(model)
+    layers, entries = _prefix_layers(model, ids, prefix_len, groups, set_rows, store if plain else None, min_reuse)
     if groups is not None and set_rows is not None:
         set_rows(list(groups))
     own = input_ids.shape[1] + sampling.max_new_tokens  # positions each row adds to the prefix
     shared = None
-    if getattr(model.config, "_attn_implementation", None) == ATTENTION and _plain_layers(model, len(layers)):
+    if plain and getattr(model.config, "_attn_implementation", None) == ATTENTION:
         shared = SharedPrefix(layers, _runs(entries))
         cache = Cache(layers=[SuffixLayer(prefix_len, own) for _ in layers])
     else:  # each row starts with a copy of its prefix
@@ -192,16 +193,16 @@ def _prefix_layers(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_
             k_all[start:start + len(chunk)] = k
             v_all[start:start + len(chunk)] = v
         del part, kv
-    if store is not None and _plain_layers(model, len(layers)):  # sliding windows drop tokens: not kept
+    if store is not None:
         store.keep(ids[0][:prefix_len], distinct, layers)
     where = {g: k for k, g in enumerate(distinct)}
     return layers, [where[g] for g in groups] if groups is not None else [0] * len(ids)
 
 
-def _plain_layers(model: torch.nn.Module, n: int) -> bool:
-    """Whether the model's cache is `n` plain (full attention) layers."""
+def _plain_layers(model: torch.nn.Module) -> bool:
+    """Whether every layer of the model's cache is plain full attention (sliding windows drop tokens)."""
     layers = DynamicCache(config=model.config).layers  # type: ignore[arg-type]
-    return len(layers) == n and all(type(layer) is DynamicLayer for layer in layers)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _runs(entries: Sequence[int]) -> list[tuple[int, int, int]]:

@@ -73,3 +73,12 @@ def test_prefix_attention_matches_sdpa_over_each_rows_own_copy_of_its_prefix(q_l
     expected = torch.nn.functional.scaled_dot_product_attention(query, full_k, full_v, attn_mask=visible)
     assert got.shape == (batch, q_len, heads, dim)
     assert torch.allclose(got, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_a_shared_prefix_with_a_softcap_is_refused_not_ignored():
+    from esopt.engines.attention import SharedPrefix, decode_attention
+    module = gqa_llama().model.layers[0].self_attn
+    q, k = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 3, 16)
+    shared = SharedPrefix([(torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16))] * 2, [(0, 2, 0)])
+    with pytest.raises(ValueError, match="softcap"):
+        decode_attention(module, q, k, k, None, softcap=30.0, shared_prefix=shared)
