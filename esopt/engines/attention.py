@@ -52,7 +52,10 @@ def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if mask is not None:  # bool keeps, float adds; the same for every head of a kv group
         part = mask[:, :, None, :, p_len:p_len + key.shape[2]]
         view = own.view(batch, kv_heads, -1, q_len, key.shape[2])
-        view.masked_fill_(~part, float("-inf")) if part.dtype == torch.bool else view.add_(part)
+        if part.dtype == torch.bool:
+            view.masked_fill_(~part, float("-inf"))
+        else:
+            view.add_(part)
     shared = []  # per run (KV, rows x group x L, P): one GEMM per kv head, not one matmul per row
     top = own.amax(-1)  # (B, KV, group x L)
     for start, end, e in runs:

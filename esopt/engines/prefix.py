@@ -159,14 +159,15 @@ def _prefix_layers(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_
     """The KV of the shared prefix per layer, (entries, kv heads, P, dim), once per group (taken from `store`
     where it holds it, and kept there), and each row's entry."""
     dev = next(model.parameters()).device
-    distinct = sorted(set(groups)) if groups is not None else [0]
+    row_groups = list(groups) if groups is not None else [0] * len(ids)
+    distinct = sorted(set(row_groups))
     reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
     if reused < min_reuse:
         reused = 0
     if reused and store is not None:
         store.reused_tokens += reused
     if store is not None and reused == prefix_len == len(store.ids):  # all of it stored: no copy
-        return store.layers, [store.groups[g] for g in (groups if groups is not None else [0] * len(ids))]
+        return store.layers, [store.groups[g] for g in row_groups]
     todo = list(ids[0][reused:prefix_len])
     per_pass = max(1, PREFIX_CHUNK_TOKENS // max(1, len(todo)))
     layers: list[tuple[torch.Tensor, torch.Tensor]] = []  # (groups, kv heads, tokens, dim) per layer, filled by chunks
@@ -196,7 +197,7 @@ def _prefix_layers(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_
     if store is not None:
         store.keep(ids[0][:prefix_len], distinct, layers)
     where = {g: k for k, g in enumerate(distinct)}
-    return layers, [where[g] for g in groups] if groups is not None else [0] * len(ids)
+    return layers, [where[g] for g in row_groups]
 
 
 def _plain_layers(model: torch.nn.Module) -> bool:
