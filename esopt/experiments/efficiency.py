@@ -13,12 +13,14 @@ right), in several layouts: the calls as recorded, all rows of one turn in one c
 all rows (`--floor-batches`). The fastest layout is the floor. The gap (backend - floor) is split into noise
 generation (timed apart), perturb, the batched forward hooks (CPU), restore, the update (ES.tell), rollout
 bookkeeping (rollout time outside `engine.generate`: envs, prompts), decoding beyond the floor and the rest.
-Peak memory (RSS) of each backend's generation and of inference alone (the same rollout batch, `train.memprobe`,
-as a training run's memory_ratio) is measured in fresh processes.
+Peak memory (RSS) of each backend's generation and of inference alone (one call of the rows the backend rolls out
+together: E, or G x E batched, or `es.members_per_rollout` x E; `train.memprobe`, as a training run's memory_ratio)
+is measured in fresh processes.
 
     esopt bench efficiency --model smollm2 --members 32 --tasks 4 --threads 2 --repeats 3   # the demo's Sudoku
     esopt bench efficiency --model tiny --members 4 --tasks 2 --repeats 1 --no-memory        # seconds
     esopt bench efficiency --config configs/smoke.yaml --backends batched --set sampling.max_new_tokens=16
+    esopt bench efficiency --model smollm2 --backends batched --set es.members_per_rollout=8   # 4 rollouts of 8
 
 Weights are reset to the base model before every repeat, so each repeat runs the same generation 0.
 """
@@ -373,14 +375,16 @@ def repeats_table(rows: list[dict]) -> list[str]:
 
 
 def memory_table(memory: list[dict]) -> list[str]:
-    lines = ["Peak memory (RSS; each in a fresh process with glibc's mmap threshold fixed; inference-only: the same "
-             "rollout batch, no ES). With several repeats: the median, then every repeat (ES, inference, ratio) in "
-             "order:", "", "| backend | peak | inference-only peak | ratio | repeats |", "|---|---|---|---|---|"]
+    lines = ["Peak memory (RSS; each in a fresh process with glibc's mmap threshold fixed; inference-only: one call of "
+             "the backend's rows per rollout, no ES). With several repeats: the median, then every repeat (ES, "
+             "inference, ratio) in order:", "",
+             "| backend | rows per rollout | peak | inference-only peak | ratio | repeats |",
+             "|---|---|---|---|---|---|"]
     for m in memory:  # "peak" and "inference_peak" are the medians of the repeats
         peak, inf = m["peak"], m["inference_peak"]
         pairs = list(zip(m["peaks"], m["inference_peaks"]))
         each = "; ".join(f"{fmt_mib(a)} / {fmt_mib(b)} = {a / b:.3f}" for a, b in pairs if a and b)
-        lines.append(f"| {m['backend']} | {fmt_mib(peak)} | {fmt_mib(inf)} | "
+        lines.append(f"| {m['backend']} | {m['rollout_batch']} | {fmt_mib(peak)} | {fmt_mib(inf)} | "
                      f"{peak / inf if peak and inf else float('nan'):.3f} | {each if len(pairs) > 1 else '-'} |")
     return lines
 

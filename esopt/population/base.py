@@ -47,6 +47,7 @@ class PopulationContext:
     records: list[dict] = field(default_factory=list)
     run_dir: Path | None = None
     distributed: Any = None  # the run's `distributed` section (workers, threads, timeout, address)
+    members_per_rollout: int | None = None  # batched: members rolled out together (None: all)
 
 
 @dataclass

@@ -1,7 +1,11 @@
 """All members' episodes in one batched rollout (low-rank noise, EGGROLL): the base weights stay untouched
 and every batch row adds its own member's low-rank term (`esopt.es.batched`). Member i runs rows
 [i*E, (i+1)*E). Greedy decoding gives each member exactly the episodes the local evaluator would; sampled
-decoding draws from other random streams (the batch is larger)."""
+decoding draws from other random streams (the batch is larger).
+
+With `members_per_rollout` = k the members run k at a time, one rollout each block: every member holds its
+own prefix KV while its episodes decode, so a block of k holds k of them instead of G (less memory, smaller
+decode batches, the same prefix work)."""
 
 from __future__ import annotations
 
@@ -22,15 +26,19 @@ class BatchedEvaluator:
     def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int,
                  spec: RolloutSpec) -> list[MemberResult]:
         c, e = self.context, len(task_seeds)
-        owners = [i for i in range(len(members)) for _ in range(e)]  # the member of every episode
-        t0 = time.perf_counter()
-        with self.host.members(members, sigma), c.engine.route_members(self.host):
-            t1 = time.perf_counter()
-            trajectories, _ = spec.run(c.engine, c.make_env, task_seeds * len(members), seed=rollout_seed,
-                                       members=owners)
-            t2 = time.perf_counter()
-        c.timers.perturb += t1 - t0
-        c.timers.rollout += t2 - t1
+        k = c.members_per_rollout or len(members)
+        trajectories = []
+        for lo in range(0, len(members), k):
+            block = members[lo:lo + k]
+            owners = [i for i in range(len(block)) for _ in range(e)]  # the member (in the block) of every episode
+            t0 = time.perf_counter()
+            with self.host.members(block, sigma), c.engine.route_members(self.host):
+                t1 = time.perf_counter()
+                done, _ = spec.run(c.engine, c.make_env, task_seeds * len(block), seed=rollout_seed, members=owners)
+                t2 = time.perf_counter()
+            trajectories += done
+            c.timers.perturb += t1 - t0
+            c.timers.rollout += t2 - t1
         results = []
         for i, m in enumerate(members):
             own = trajectories[i * e:(i + 1) * e]

@@ -131,6 +131,9 @@ class ESSection(ESConfig):
 
     batched: bool = Field(False, description="lowrank noise: roll out all members' episodes in one batch, each row "
                           "adding its member's low-rank term (G x E episodes per generate call)")
+    members_per_rollout: int | None = Field(
+        None, ge=1, description="batched: members rolled out together (default: all G). Each member holds its own "
+        "prefix KV during its rollout, so fewer cut peak memory, at smaller decode batches")
     evaluator: str | None = Field(None, description="population evaluator by registered name (esopt.population); "
                                   "default: ray with distributed.backend ray, batched with es.batched, else local")
 
@@ -140,6 +143,8 @@ class ESSection(ESConfig):
             raise ValueError(f"task_pool ({self.task_pool}) must be >= tasks_per_member ({self.tasks_per_member})")
         if self.batched and (self.noise != "lowrank" or self.noise_others != "frozen"):
             raise ValueError("es.batched needs es.noise: lowrank with es.noise_others: frozen")
+        if self.members_per_rollout is not None and not self.batched:
+            raise ValueError("es.members_per_rollout needs es.batched: true (members run one by one otherwise)")
         return self
 
 
@@ -209,8 +214,9 @@ class ESTrainConfig(BaseTrainConfig):
 
     @property
     def rollout_batch_size(self) -> int:
-        if self.es.batched:
-            return self.episodes_per_step  # every member's episodes in one batch
+        if self.es.batched:  # every member's episodes in one batch, or those of members_per_rollout members
+            return min(self.es.members_per_rollout or self.es.population_size, self.es.population_size) \
+                * self.es.tasks_per_member
         return self.es.tasks_per_member  # members run one after another
 
     @property

@@ -80,7 +80,7 @@ def population_evaluator(
     context = PopulationContext(
         es, policy, make_env, config.es.reward, timers or Timers(), progress, log=log or (lambda m: say(m, progress)),
         replica_setup=functools.partial(replica_setup, config.model_dump(mode="json")), records=list(records),
-        run_dir=run_dir, distributed=config.distributed)
+        run_dir=run_dir, distributed=config.distributed, members_per_rollout=config.es.members_per_rollout)
     return build_evaluator(config.population_evaluator, context)
 
 

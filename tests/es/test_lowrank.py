@@ -146,10 +146,12 @@ def test_rows_in_blocks_are_recognised_only_when_exact():
     assert _blocks([0, 1, 0, 1]) is None
 
 
-@pytest.mark.parametrize("chunk_tokens", [1024, 1])
-def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path, monkeypatch, chunk_tokens):
+@pytest.mark.parametrize("chunk_tokens, members_per_rollout", [(1024, None), (1, None), (1024, 3)])
+def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path, monkeypatch, chunk_tokens,
+                                                                 members_per_rollout):
     """Greedy: every member's batched episodes are token for token the in-place members' episodes, also when
-    the members' prefix passes run one member at a time (and the next turns reuse them from the store)."""
+    the members' prefix passes run one member at a time (and the next turns reuse them from the store), and
+    when the members run in blocks of 3 (each block's rollout decodes only its own rows)."""
     monkeypatch.setattr("esopt.engines.prefix.PREFIX_CHUNK_TOKENS", chunk_tokens)
     from esopt.population import PopulationContext
     from esopt.population.batched import BatchedEvaluator
@@ -163,9 +165,18 @@ def test_batched_evaluator_writes_what_the_sequential_one_writes(tmp_path, monke
     make = env_factory(config)
     es = ES(policy.model, config.es_config)
     members, tasks = es.ask(0), [101, 102, 103]
-    spec, context = rollout_spec(config, make), PopulationContext(es, policy, make, config.es.reward)
+    spec = rollout_spec(config, make)
+    context = PopulationContext(es, policy, make, config.es.reward, members_per_rollout=members_per_rollout)
     seq = LocalEvaluator(context).evaluate(members, 0.2, tasks, 5, spec)
+    rows, generate = [], policy.generate
+
+    def counted(prompts, *args, **kwargs):
+        rows.append(len(prompts))
+        return generate(prompts, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "generate", counted)
     bat = BatchedEvaluator(context).evaluate(members, 0.2, tasks, 5, spec)
+    assert max(rows) == len(tasks) * min(members_per_rollout or len(members), len(members))
     texts = [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in seq]
     assert texts == [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in bat]
     assert len({str(t) for t in texts}) > 1  # the members really behave differently

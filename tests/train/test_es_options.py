@@ -109,3 +109,12 @@ def test_greedy_fixed_task_zscore_run_logs_the_new_diagnostics(tmp_path):
     train(build_config({}, opts), tmp_path / "again", progress=False)
     again = [json.loads(x) for x in (tmp_path / "again" / "history.jsonl").read_text().splitlines()]
     assert again[0]["rewards"] == history[0]["rewards"]
+
+
+def test_members_per_rollout_sets_the_rollout_batch_and_needs_a_batched_population():
+    batched = [*TINY, "es.noise=lowrank", "es.batched=true", "es.population_size=6", "es.tasks_per_member=4"]
+    assert build_config({}, batched).rollout_batch_size == 24
+    assert build_config({}, [*batched, "es.members_per_rollout=4"]).rollout_batch_size == 16
+    assert build_config({}, [*batched, "es.members_per_rollout=10"]).rollout_batch_size == 24
+    with pytest.raises(ConfigError, match="members_per_rollout needs es.batched"):
+        build_config({}, [*TINY, "es.members_per_rollout=2"])
