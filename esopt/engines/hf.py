@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from esopt.engines.attention import use_decode_attention
 from esopt.engines.base import Completion, MemberRouter, SamplingParams, cut_at_stop
-from esopt.engines.prefix import PrefixKV, generate_with_shared_prefix, shared_prefix_length
+from esopt.engines.prefix import PrefixKV, RowKV, generate_with_shared_prefix, shared_prefix_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,7 +54,7 @@ class HFEngine:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, prefix_cache: bool = True,
-                 min_prefix_tokens: int = 32, cpu_decode_attention: bool = True) -> None:
+                 min_prefix_tokens: int = 32, cpu_decode_attention: bool = True, row_cache: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         # share the KV cache of a common prompt prefix of at least this many tokens (log-prob calls excepted)
@@ -62,6 +62,8 @@ class HFEngine:
         self.min_prefix_tokens = min_prefix_tokens
         self.router: MemberRouter | None = None  # see `route_members`
         self.prefix_kv, self.keep_prefix = PrefixKV(), False  # see `rollout_scope`
+        # and each row's own KV (a growing conversation encodes only its new tokens each turn)
+        self.row_kv = RowKV() if row_cache else None
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -141,7 +143,7 @@ class HFEngine:
 
     def weights_changed(self) -> None:
         """Drop the prefix KV kept across the turns of a rollout (see `rollout_scope`)."""
-        self.prefix_kv.clear()
+        self._drop_kv()
 
     @contextlib.contextmanager
     def route_members(self, router: MemberRouter) -> Iterator[None]:
@@ -158,14 +160,20 @@ class HFEngine:
     @contextlib.contextmanager
     def rollout_scope(self) -> Iterator[None]:
         """The weights stay fixed for the block (one multi-turn rollout), so the KV of the prompts' shared
-        prefix is kept from turn to turn instead of being encoded again every turn."""
-        self.prefix_kv.clear()
+        prefix is kept from turn to turn instead of being encoded again every turn, and so is each row's own KV
+        (its prompt and reply), of which a conversation's next turn encodes only what is new."""
+        self._drop_kv()
         self.keep_prefix = True
         try:
             yield
         finally:
             self.keep_prefix = False
-            self.prefix_kv.clear()
+            self._drop_kv()
+
+    def _drop_kv(self) -> None:
+        self.prefix_kv.clear()
+        if self.row_kv is not None:
+            self.row_kv.clear()
 
     def generate(
         self,
@@ -203,7 +211,8 @@ class HFEngine:
                     self.model, ids, prefix_len, sampling, self.eos_token_ids, self.tokenizer.pad_token_id, seed,
                     groups=None if self.router is None or members is None else list(members),
                     set_rows=None if self.router is None else self.router.set_rows,
-                    store=self.prefix_kv if self.keep_prefix else None, min_reuse=self.min_prefix_tokens)
+                    store=self.prefix_kv if self.keep_prefix else None, min_reuse=self.min_prefix_tokens,
+                    rows_store=self.row_kv if self.keep_prefix else None)
                 texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
                 return [Completion(prompt_ids=list(p), token_ids=t, text=x) for p, t, x in zip(ids, tokens, texts)]
         dev = self.device

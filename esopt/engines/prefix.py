@@ -10,15 +10,18 @@ when temperature is 0). With the CPU attention of `attention.py` the rows read t
 
 A multi-turn rollout calls this once per turn with the same prefix. `PrefixKV` keeps the prefix's cache
 from one call to the next; the caller must drop it whenever the weights change (`HFEngine` keeps it for
-one rollout only, during which the weights are fixed). Batched ES keeps one prefix per member.
+one rollout only, during which the weights are fixed). Batched ES keeps one prefix per member. `RowKV` keeps
+each row's own positions too: where a conversation grows turn by turn (the last prompt, its reply, the env's
+answer), a row encodes only what is new since its last call, not its whole history again.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import NamedTuple, cast
 
+import numpy as np
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
@@ -60,6 +63,56 @@ class PrefixKV:
         self.ids = tuple(prefix)
         self.groups = {g: i for i, g in enumerate(groups)}
         self.layers = layers
+
+
+class RowKV:
+    """Each row's own KV (its positions after the shared prefix), kept from one generate call to the next while
+    the weights are fixed; a new row reuses the longest stored run of its own tokens (same group, same prefix)."""
+
+    KEY = 8  # own tokens that index an entry (an entry is found by its first tokens, then matched in full)
+
+    def __init__(self) -> None:
+        self.reused_tokens = 0  # own tokens taken from the store instead of encoded: a statistic
+        self.clear()
+
+    def clear(self) -> None:
+        self.prefix: tuple[int, ...] = ()
+        self.entries: dict[tuple, list[RowEntry]] = {}
+
+    def match(self, group: int, ids: Sequence[int], prefix_len: int) -> tuple[int, RowEntry | None]:
+        """(own tokens of `ids` whose KV is stored, leaving at least one to encode; the entry holding them)."""
+        if len(self.prefix) != prefix_len or tuple(ids[:prefix_len]) != self.prefix:
+            return 0, None
+        own = ids[prefix_len:]
+        best: tuple[int, RowEntry | None] = (0, None)
+        for entry in self.entries.get((group, tuple(own[:self.KEY])), []):
+            n = common_length(entry.ids, own[:-1])
+            if n > best[0]:
+                best = (n, entry)
+        return best
+
+    def replace(self, prefix: Sequence[int], used: Sequence[RowEntry], new: Sequence[RowEntry]) -> None:
+        """Drop the entries `used` (their rows continue in `new`) and add `new` under `prefix`."""
+        if tuple(prefix) != self.prefix:
+            self.entries, self.prefix = {}, tuple(prefix)
+        gone = {id(e) for e in used}
+        for key in {(e.group, tuple(e.ids[:self.KEY])) for e in used}:
+            self.entries[key] = [e for e in self.entries.get(key, []) if id(e) not in gone]
+        for e in new:
+            self.entries.setdefault((e.group, tuple(e.ids[:self.KEY])), []).append(e)
+
+
+class RowEntry(NamedTuple):
+    group: int
+    ids: tuple[int, ...]  # the row's own tokens (after the prefix) whose KV is stored
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # (kv heads, len(ids), dim) keys and values per layer
+
+
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common start of two token sequences."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
 
 
 def shared_prefix_length(ids: Sequence[Sequence[int]]) -> int:
@@ -113,6 +166,7 @@ def generate_with_shared_prefix(
     set_rows: Callable[[list[int]], None] | None = None,
     store: PrefixKV | None = None,
     min_reuse: int = 1,
+    rows_store: RowKV | None = None,
 ) -> tuple[list[list[int]], list[list[float]] | None]:
     """Generated ids per row (cut after the first EOS) and, if asked, their log-probabilities under
     softmax(raw logits / temperature) (temperature 1 when greedy).
@@ -122,27 +176,78 @@ def generate_with_shared_prefix(
     group of every row of each forward pass: first the distinct groups (the prefix pass), then the rows.
 
     With a `store`, a prefix cached by an earlier call (same weights: the caller's duty) is reused, at least
-    `min_reuse` tokens of it; only the rest of this call's prefix is encoded."""
+    `min_reuse` tokens of it; only the rest of this call's prefix is encoded. With a `rows_store` (and the CPU
+    attention that reads a shared prefix), each row also reuses the KV of its own tokens that an earlier call
+    encoded or generated under the same prefix, and leaves its own positions there for the next call."""
     dev = next(model.parameters()).device
     generator = None
     if seed is not None and not sampling.greedy:
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
-    input_ids, mask, positions = _suffix_batch(ids, prefix_len, pad_token_id, dev)
     plain = _plain_layers(model)
-    layers, entries = _prefix_layers(model, ids, prefix_len, groups, set_rows, store if plain else None, min_reuse)
+    shared_attention = plain and getattr(model.config, "_attn_implementation", None) == ATTENTION
+    rows_store = rows_store if shared_attention else None  # rows' own KV lives beside a shared prefix only
+    row_groups = list(groups) if groups is not None else [0] * len(ids)
+    if rows_store is not None and store is not None and 0 < len(store.ids) < prefix_len and \
+            all(tuple(x[:len(store.ids)]) == store.ids for x in ids):
+        prefix_len = len(store.ids)  # keep the rollout's prefix: the rows' own KV was stored after it
+    reuse = [rows_store.match(g, x, prefix_len) if rows_store is not None else (0, None)
+             for g, x in zip(row_groups, ids)]
+    cached = max(n for n, _ in reuse)  # the rows' stored own positions fill the cache's first slots
+    starts = [prefix_len + n for n, _ in reuse]
+    input_ids, mask, positions = _suffix_batch(ids, starts, prefix_len, cached, pad_token_id, dev)
+    layers, entries = _prefix_layers(model, ids, prefix_len, row_groups, set_rows, store if plain else None, min_reuse)
     if groups is not None and set_rows is not None:
-        set_rows(list(groups))
-    own = input_ids.shape[1] + sampling.max_new_tokens  # positions each row adds to the prefix
+        set_rows(row_groups)
+    own = cached + input_ids.shape[1] + sampling.max_new_tokens  # positions each row adds to the prefix
     shared = None
-    if plain and getattr(model.config, "_attn_implementation", None) == ATTENTION:
+    if shared_attention:
         shared = SharedPrefix(layers, _runs(entries))
-        cache = Cache(layers=[SuffixLayer(prefix_len, own) for _ in layers])
+        own_layers = [SuffixLayer(prefix_len, own) for _ in layers]
+        cache = Cache(layers=cast(list, own_layers))
+        if cached:
+            _fill_own(own_layers, layers, reuse, cached)
     else:  # each row starts with a copy of its prefix
         cache = Cache(layers=[_static_rows(k, v, entries, prefix_len + own) for k, v in layers])
     del layers
-    return _decode(model, cache, input_ids, mask, positions, prefix_len, sampling, eos_token_ids, pad_token_id,
-                   generator, return_logprobs, shared)
+    tokens, logprobs = _decode(model, cache, input_ids, mask, positions, prefix_len + cached, sampling,
+                               eos_token_ids, pad_token_id, generator, return_logprobs, shared)
+    if rows_store is not None:
+        rows_store.reused_tokens += sum(n for n, _ in reuse)
+        kept = _own_entries(own_layers, ids, starts, prefix_len, cached, input_ids.shape[1], tokens, row_groups)
+        rows_store.replace(ids[0][:prefix_len], [e for _, e in reuse if e is not None], kept)
+    return tokens, logprobs
+
+
+def _fill_own(own_layers: list[SuffixLayer], prefix: list[tuple[torch.Tensor, torch.Tensor]],
+              reuse: Sequence[tuple[int, RowEntry | None]], cached: int) -> None:
+    """Write each row's stored own KV (n of its positions) into slots [cached - n, cached) of every layer."""
+    rows = len(reuse)
+    for layer_idx, (layer, (k, v)) in enumerate(zip(own_layers, prefix)):
+        layer.lazy_initialization(k[:1, :, :1].expand(rows, -1, -1, -1), v[:1, :, :1].expand(rows, -1, -1, -1))
+        keys, values = cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
+        for r, (n, entry) in enumerate(reuse):
+            if entry is not None:
+                ek, ev = entry.layers[layer_idx]
+                keys[r, :, cached - n:cached] = ek[:, :n]
+                values[r, :, cached - n:cached] = ev[:, :n]
+        layer.cumulative_length.fill_(cached)
+
+
+def _own_entries(own_layers: list[SuffixLayer], ids: Sequence[Sequence[int]], starts: Sequence[int],
+                 prefix_len: int, cached: int, width: int, tokens: Sequence[Sequence[int]],
+                 row_groups: Sequence[int]) -> list[RowEntry]:
+    """Each row's own positions after a decode, packed: its cached slots, its encoded tokens, then its generated
+    tokens but the last (whose KV no step computed)."""
+    out = []
+    for r, (x, start, gen) in enumerate(zip(ids, starts, tokens)):
+        slots = torch.cat([torch.arange(cached - (start - prefix_len), cached),
+                           torch.arange(cached + width - (len(x) - start), cached + width + len(gen) - 1)])
+        slots = slots.to(cast(torch.Tensor, own_layers[0].keys).device)
+        layers = [(cast(torch.Tensor, layer.keys)[r].index_select(1, slots),
+                   cast(torch.Tensor, layer.values)[r].index_select(1, slots)) for layer in own_layers]
+        out.append(RowEntry(row_groups[r], (*x[prefix_len:], *gen[:-1]), layers))
+    return out
 
 
 # Tokens per forward pass when the prefix is encoded for many weight groups (batched ES members): one pass
@@ -153,13 +258,12 @@ PREFIX_CHUNK_TOKENS = 1024
 
 
 def _prefix_layers(model: torch.nn.Module, ids: Sequence[Sequence[int]], prefix_len: int,
-                   groups: Sequence[int] | None, set_rows: Callable[[list[int]], None] | None,
+                   row_groups: Sequence[int], set_rows: Callable[[list[int]], None] | None,
                    store: PrefixKV | None, min_reuse: int
                    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int]]:
     """The KV of the shared prefix per layer, (entries, kv heads, P, dim), once per group (taken from `store`
     where it holds it, and kept there), and each row's entry."""
     dev = next(model.parameters()).device
-    row_groups = list(groups) if groups is not None else [0] * len(ids)
     distinct = sorted(set(row_groups))
     reused, rows = store.match(ids[0][:prefix_len], distinct) if store is not None else (0, [])
     if reused < min_reuse:
@@ -245,30 +349,34 @@ def _static_rows(keys: torch.Tensor, values: torch.Tensor, entries: Sequence[int
     return layer
 
 
-def _suffix_batch(ids: Sequence[Sequence[int]], prefix_len: int, pad_token_id: int, dev: torch.device
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[prefix | pad ... | suffix_i]: input ids (B, W), attention mask (B, P+W), positions (B, W); pads are
-    masked and positions continue the prefix without gaps."""
-    suffixes = [list(x[prefix_len:]) for x in ids]
-    batch, width = len(ids), max(len(s) for s in suffixes)
+def _suffix_batch(ids: Sequence[Sequence[int]], starts: Sequence[int], prefix_len: int, cached: int,
+                  pad_token_id: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[prefix | own cached | pad ... | new_i]: row i encodes ids[i][starts[i]:]; its own tokens before that
+    (starts[i] - prefix_len of them) are already in the cache's first `cached` slots, right-aligned. Input ids
+    (B, W), attention mask (B, P + cached + W), positions (B, W); pads are masked and positions continue each
+    row's tokens without gaps."""
+    news = [list(x[s:]) for x, s in zip(ids, starts)]
+    batch, width = len(ids), max(len(s) for s in news)
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((batch, prefix_len + width), dtype=torch.long)
+    mask = torch.zeros((batch, prefix_len + cached + width), dtype=torch.long)
     mask[:, :prefix_len] = 1
     positions = torch.zeros((batch, width), dtype=torch.long)
-    for i, s in enumerate(suffixes):
-        input_ids[i, width - len(s):] = torch.tensor(s)
-        mask[i, prefix_len + width - len(s):] = 1
-        positions[i, width - len(s):] = torch.arange(prefix_len, prefix_len + len(s))
+    for i, (start, new) in enumerate(zip(starts, news)):
+        mask[i, prefix_len + cached - (start - prefix_len):prefix_len + cached] = 1
+        input_ids[i, width - len(new):] = torch.tensor(new)
+        mask[i, prefix_len + cached + width - len(new):] = 1
+        positions[i, width - len(new):] = torch.arange(start, start + len(new))
     return input_ids.to(dev), mask.to(dev), positions.to(dev)
 
 
 def _decode(model: torch.nn.Module, cache: Cache, input_ids: torch.Tensor, mask: torch.Tensor,
-            positions: torch.Tensor, prefix_len: int, sampling: SamplingParams, eos_token_ids: Sequence[int],
+            positions: torch.Tensor, offset: int, sampling: SamplingParams, eos_token_ids: Sequence[int],
             pad_token_id: int, generator: torch.Generator | None, return_logprobs: bool,
             shared: SharedPrefix | None = None) -> tuple[list[list[int]], list[list[float]] | None]:
-    """The decode loop over the suffixes: token ids per row, cut after the first EOS (and their log-probs)."""
+    """The decode loop over the suffixes (the first at mask position `offset`): token ids per row, cut after the
+    first EOS (and their log-probs)."""
     dev, (batch, width) = input_ids.device, input_ids.shape
-    cache_position = torch.arange(prefix_len, prefix_len + width, device=dev)
+    cache_position = torch.arange(offset, offset + width, device=dev)
     eos = torch.tensor(list(eos_token_ids), device=dev)
     done = torch.zeros(batch, dtype=torch.bool, device=dev)
     steps: list[torch.Tensor] = []

@@ -7,10 +7,13 @@ Both sides use the same model, batch size, sampling settings and max_new_tokens.
 through plain `model.generate` with the same per-turn seeds (every row encodes its whole prompt), so
 both generate the same tokens (checked; bf16 may flip a rare near-tie) and the ratio is what the engine
 gains or loses. Prompt tokens/s counts every prompt's full length, new tokens/s the generated tokens up
-to and including the first EOS. Reports the best of the interleaved repeats per side.
+to and including the first EOS. Reports the best of the interleaved repeats per side. The engine also runs
+without its row cache (each row's own KV kept from turn to turn), which a `--conversation history` rollout, whose
+prompts grow by the last reply and observation, gains most from.
 
     python bench/rollout_throughput.py --model tiny --batch 32 --turns 4
     esopt bench rollout --model smollm2 --batch 64 --turns 2 --few-shot 2
+    esopt bench rollout --model smollm2 --batch 32 --turns 6 --few-shot 2 --conversation history
 """
 
 from __future__ import annotations
@@ -65,10 +68,12 @@ def raw_generate(
 
 
 def engine_generate(
-    policy: HFEngine, make, seeds: list[int], sampling: SamplingParams, turns: int, seed: int, examples=()
+    policy: HFEngine, make, seeds: list[int], sampling: SamplingParams, turns: int, seed: int, examples=(),
+    conversation: str = "markov",
 ) -> tuple[int, float, list[list[str]], list[list[int]]]:
     """(generated tokens, seconds, prompts per turn, token ids) of a `turns`-turn lockstep rollout."""
-    trajs, stats = run_episodes(policy, make, seeds, sampling, seed=seed, max_turns=turns, examples=examples)
+    trajs, stats = run_episodes(policy, make, seeds, sampling, seed=seed, max_turns=turns, examples=examples,
+                                conversation=conversation)  # type: ignore[arg-type]
     turn_prompts = [[tr.turns[t].prompt for tr in trajs if len(tr.turns) > t] for t in range(turns)]
     ids = [tr.turns[t].token_ids for t in range(turns) for tr in trajs if len(tr.turns) > t]
     return stats.generated_tokens, stats.seconds, [p for p in turn_prompts if p], ids
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--h-star", type=int, default=10, help="empty cells (turn cap 3*H* >= --turns)")
     ap.add_argument("--few-shot", type=int, default=0, help="worked examples in every prompt (shared prefix)")
     ap.add_argument("--show-empty", action="store_true", help="Sudoku observation lists the empty cells")
+    ap.add_argument("--conversation", choices=["markov", "history"], default="markov",
+                    help="markov: each prompt shows the current board; history: the whole episode so far")
     ap.add_argument("--dtype", default="auto", help="auto: bf16 for smollm2 where the hardware has it, else fp32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -104,10 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     # warm-up (allocator, lazy init) for both paths
     engine_generate(policy, make, seeds, SamplingParams(max_new_tokens=2), 1, 0, examples)
 
-    raw_runs, eng_runs, same = [], [], 0
+    raw_runs, eng_runs, flat_runs, same, same_flat = [], [], [], 0, 0
     for r in range(args.repeats):
+        row_kv, policy.row_kv = policy.row_kv, None
+        n, s, _, flat_ids = engine_generate(policy, make, seeds, sampling, args.turns, seed=r, examples=examples,
+                                            conversation=args.conversation)
+        flat_runs.append(s)
+        policy.row_kv = row_kv
         n, s, turn_prompts, eng_ids = engine_generate(policy, make, seeds, sampling, args.turns, seed=r,
-                                                      examples=examples)
+                                                      examples=examples, conversation=args.conversation)
+        same_flat += sum(a == b for a, b in zip(flat_ids, eng_ids))
         prompt_tokens = sum(len(policy.tokenizer(p, add_special_tokens=False)["input_ids"])
                             for batch in turn_prompts for p in batch)
         eng_runs.append((prompt_tokens / s, n / s, s))
@@ -115,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         n_raw, s_raw, raw_ids = raw_generate(policy, turn_prompts, sampling, seed=r)
         raw_runs.append((prompt_tokens / s_raw, n_raw / s_raw, s_raw))
         same += sum(a == b for a, b in zip(raw_ids, eng_ids))
-        print(f"repeat {r}: raw {s_raw:.1f}s, engine {s:.1f}s", flush=True)
+        print(f"repeat {r}: raw {s_raw:.1f}s, engine {s:.1f}s, engine without row cache {flat_runs[-1]:.1f}s",
+              flush=True)
     # best-of is the least disturbed by other load on the machine; the median ratio pairs runs back to back
     raw, eng = min(raw_runs, key=lambda x: x[2]), min(eng_runs, key=lambda x: x[2])
     ratio_median = statistics.median(r[2] / e[2] for e, r in zip(eng_runs, raw_runs))
@@ -124,15 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         f"\nmodel {args.model} ({params / 1e6:.1f}M params, {next(policy.model.parameters()).dtype}, "
         f"{policy.device}), batch {args.batch}, {args.turns} turns, {args.few_shot} worked examples, "
         f"{prompt_tokens / (args.batch * len(turn_prompts)):.0f} prompt tokens per row, max_new_tokens "
-        f"{args.max_new_tokens}, T={args.temperature}, threads {torch.get_num_threads()}"
+        f"{args.max_new_tokens}, T={args.temperature}, {args.conversation} prompts, threads {torch.get_num_threads()}"
     )
     print(f"{'':>24} {'prompt tok/s':>13} {'new tok/s':>10} {'seconds':>8}")
     print(f"{'raw model.generate':>24} {raw[0]:>13.0f} {raw[1]:>10.1f} {raw[2]:>8.2f}")
     print(f"{'rollout engine':>24} {eng[0]:>13.0f} {eng[1]:>10.1f} {eng[2]:>8.2f}")
+    print(f"{'engine, no row cache':>24} {'':>13} {'':>10} {min(flat_runs):>8.2f}")
     print(f"engine speed-up (raw seconds / engine seconds): {raw[2] / eng[2]:.2f}x best of {args.repeats}, "
           f"median per repeat {ratio_median:.2f}x")
     total = args.repeats * sum(len(b) for b in turn_prompts)
-    print(f"identical token ids (engine vs raw): {same}/{total} rows")
+    print(f"row cache speed-up (engine without / with it): {min(flat_runs) / eng[2]:.2f}x best of {args.repeats}")
+    print(f"identical token ids (engine vs raw): {same}/{total} rows; engine with vs without row cache: "
+          f"{same_flat}/{total}")
     return 0
 
 

@@ -190,3 +190,59 @@ def test_rows_read_the_stored_prefix_of_their_member_without_copying_it(prompts_
         assert k.data_ptr() == ptr and torch.equal(k, k0) and torch.equal(v, v0)  # the same tensors, unchanged
         assert torch.equal(k, k1) and torch.equal(v, v1)  # and exactly the members' own prefix KV
     assert not torch.equal(encoded[-1][0][0], encoded[-1][0][1])  # the members' prefixes really differ
+
+
+@pytest.mark.parametrize("rows", [None, [0, 1, 2, 3, 0, 1, 2, 3]])
+def test_rows_continue_from_their_own_stored_kv_and_decode_what_a_fresh_call_does(prompts_and_policy, rows):
+    """A call whose prompts extend an earlier call's prompts and replies (a conversation's next turn) encodes
+    only the new tokens, each row continuing from its own stored positions (per member), and decodes exactly
+    what a call without the row store does."""
+    import contextlib
+
+    from esopt.engines.prefix import PrefixKV, RowKV, generate_with_shared_prefix
+    from esopt.es import ES, ESConfig
+    from esopt.es.batched import BatchedLowRank
+
+    policy, prompts = prompts_and_policy
+    model, tok = policy.model, policy.tokenizer
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts[:8]]
+    prefix_len = shared_prefix_length(ids)
+    greedy = SamplingParams(temperature=0, max_new_tokens=6)
+    store, row_store = PrefixKV(), RowKV()
+    host, members = None, contextlib.nullcontext()
+    if rows is not None:
+        es = ES(model, ESConfig(population_size=4, antithetic=True, sigma=0.3, sigma_schedule="constant",
+                                noise="lowrank"))
+        host = BatchedLowRank(model, es.perturbation)
+        members = host.members(es.ask(), 0.3)
+
+    def generate(x, with_rows):
+        return generate_with_shared_prefix(model, x, prefix_len, greedy, policy.eos_token_ids, tok.pad_token_id,
+                                           groups=rows, set_rows=host and host.set_rows, store=store,
+                                           rows_store=row_store if with_rows else None)[0]
+    with torch.no_grad(), members:
+        first = generate(ids, True)
+        answer = tok(" row 2 col 3", add_special_tokens=False)["input_ids"]
+        later = [x + t + answer for x, t in zip(ids, first)]
+        second, fresh = generate(later, True), generate(later, False)
+    assert second == fresh
+    assert row_store.reused_tokens == sum(len(x) - prefix_len + len(t) - 1 for x, t in zip(ids, first))
+    assert row_store.match(7, later[0], prefix_len) == (0, None)  # a group's rows never read another's
+    n, entry = row_store.match(rows[0] if rows else 0, later[0] + second[0] + answer, prefix_len)
+    assert n == len(later[0]) - prefix_len + len(second[0]) - 1 and entry is not None  # the second call's rows
+
+
+def test_a_history_rollout_reuses_each_rows_kv_and_matches_one_without_it():
+    from esopt.rollout import run_episodes
+
+    model, tokenizer = build_tiny_model(seed=3)
+    make = lambda: make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)  # noqa: E731
+    examples = env_examples(make(), 2)
+    out = []
+    for row_cache in (True, False):
+        policy = HFEngine(model, tokenizer, row_cache=row_cache)
+        trajectories, _ = run_episodes(policy, make, list(range(8)), SamplingParams(temperature=0.8, max_new_tokens=10),
+                                       examples=examples, conversation="history", seed=4)
+        out.append([[u.token_ids for u in t.turns] for t in trajectories])
+        assert max(t.num_turns for t in trajectories) > 2
+    assert policy.row_kv is None and out[0] == out[1]
