@@ -91,8 +91,9 @@ class Engine(Protocol):
         backend drops whatever it cached for the old weights (KV/prefix caches, a copy on a device)."""
         ...
 
-    def rollout_scope(self) -> contextlib.AbstractContextManager[None]:
-        """The weights stay fixed for the block (one multi-turn rollout): caches may live across turns."""
+    def rollout_scope(self, growing: bool = False) -> contextlib.AbstractContextManager[None]:
+        """The weights stay fixed for the block (one multi-turn rollout): caches may live across turns.
+        `growing`: each row's next prompt extends its last prompt and reply (a history conversation)."""
         ...
 
     def route_members(self, router: MemberRouter) -> contextlib.AbstractContextManager[None]:

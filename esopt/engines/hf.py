@@ -63,7 +63,7 @@ class HFEngine:
         self.router: MemberRouter | None = None  # see `route_members`
         self.prefix_kv, self.keep_prefix = PrefixKV(), False  # see `rollout_scope`
         # and each row's own KV (a growing conversation encodes only its new tokens each turn)
-        self.row_kv = RowKV() if row_cache else None
+        self.row_kv, self.keep_rows = RowKV() if row_cache else None, False
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -158,16 +158,17 @@ class HFEngine:
             self.router = None
 
     @contextlib.contextmanager
-    def rollout_scope(self) -> Iterator[None]:
+    def rollout_scope(self, growing: bool = False) -> Iterator[None]:
         """The weights stay fixed for the block (one multi-turn rollout), so the KV of the prompts' shared
-        prefix is kept from turn to turn instead of being encoded again every turn, and so is each row's own KV
-        (its prompt and reply), of which a conversation's next turn encodes only what is new."""
+        prefix is kept from turn to turn instead of being encoded again every turn. `growing`: each row's next
+        prompt extends its last prompt and reply (a history conversation), so each row's own KV is kept too
+        and the next turn encodes only what is new (elsewhere it would hold memory for a few shared tokens)."""
         self._drop_kv()
-        self.keep_prefix = True
+        self.keep_prefix, self.keep_rows = True, growing
         try:
             yield
         finally:
-            self.keep_prefix = False
+            self.keep_prefix = self.keep_rows = False
             self._drop_kv()
 
     def _drop_kv(self) -> None:
@@ -212,7 +213,7 @@ class HFEngine:
                     groups=None if self.router is None or members is None else list(members),
                     set_rows=None if self.router is None else self.router.set_rows,
                     store=self.prefix_kv if self.keep_prefix else None, min_reuse=self.min_prefix_tokens,
-                    rows_store=self.row_kv if self.keep_prefix else None)
+                    rows_store=self.row_kv if self.keep_rows else None)
                 texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
                 return [Completion(prompt_ids=list(p), token_ids=t, text=x) for p, t, x in zip(ids, tokens, texts)]
         dev = self.device

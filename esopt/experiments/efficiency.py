@@ -83,9 +83,9 @@ class Recorder:
         return out
 
     @contextlib.contextmanager
-    def rollout_scope(self) -> Iterator[None]:
+    def rollout_scope(self, **kwargs) -> Iterator[None]:
         self.turn = 0
-        with type(self.engine).rollout_scope(self.engine):
+        with type(self.engine).rollout_scope(self.engine, **kwargs):
             yield
 
 

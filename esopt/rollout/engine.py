@@ -154,8 +154,9 @@ def run_episodes(
 
             bar = progress_bar(None, "rollout", leave=False, unit="turn")
         owner = {id(e): m for e, m in zip(episodes, members)} if members is not None else None
-        if hasattr(policy, "rollout_scope"):  # weights are fixed during a rollout: the prompt prefix's
-            scope.enter_context(policy.rollout_scope())  # cache may be kept from turn to turn
+        if hasattr(policy, "rollout_scope"):  # weights are fixed during a rollout: the KV of the prompts' prefix
+            # (and, where every prompt extends the last, each episode's own) may be kept from turn to turn
+            scope.enter_context(policy.rollout_scope(growing=conversation == "history"))
         turn = 0
         while active := [e for e in episodes if not e.done]:
             prompts = [e.prompt(policy, max_prompt_tokens) for e in active]

@@ -59,5 +59,5 @@ class ScriptedEngine:
         pass
 
     @contextlib.contextmanager
-    def rollout_scope(self) -> Iterator[None]:
+    def rollout_scope(self, growing: bool = False) -> Iterator[None]:
         yield

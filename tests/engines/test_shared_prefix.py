@@ -233,16 +233,23 @@ def test_rows_continue_from_their_own_stored_kv_and_decode_what_a_fresh_call_doe
 
 
 def test_a_history_rollout_reuses_each_rows_kv_and_matches_one_without_it():
+    """History prompts grow by the last reply and observation: with the row cache each turn encodes only that,
+    and the episodes are token for token those without it. Markov prompts do not grow: nothing is kept."""
     from esopt.rollout import run_episodes
 
     model, tokenizer = build_tiny_model(seed=3)
     make = lambda: make_env("esopt/Sudoku-v0", size=4, h_star=3, show_empty=True)  # noqa: E731
     examples = env_examples(make(), 2)
-    out = []
+    sampling = SamplingParams(temperature=0.8, max_new_tokens=10)
+    out, reused = [], []
     for row_cache in (True, False):
         policy = HFEngine(model, tokenizer, row_cache=row_cache)
-        trajectories, _ = run_episodes(policy, make, list(range(8)), SamplingParams(temperature=0.8, max_new_tokens=10),
-                                       examples=examples, conversation="history", seed=4)
+        trajectories, _ = run_episodes(policy, make, list(range(8)), sampling, examples=examples,
+                                       conversation="history", seed=4)
         out.append([[u.token_ids for u in t.turns] for t in trajectories])
+        reused.append(policy.row_kv and policy.row_kv.reused_tokens)
         assert max(t.num_turns for t in trajectories) > 2
-    assert policy.row_kv is None and out[0] == out[1]
+    assert out[0] == out[1] and reused[0] > 1000 and reused[1] is None
+    policy = HFEngine(model, tokenizer)
+    run_episodes(policy, make, list(range(8)), sampling, examples=examples, conversation="markov", seed=4)
+    assert policy.row_kv is not None and policy.row_kv.reused_tokens == 0
