@@ -92,7 +92,9 @@ class RowKV:
         return best
 
     def replace(self, prefix: Sequence[int], used: Sequence[RowEntry], new: Sequence[RowEntry]) -> None:
-        """Drop the entries `used` (their rows continue in `new`) and add `new` under `prefix`."""
+        """Drop the entries `used` (their rows continue in `new`) and add `new` under `prefix`. Entries of rows
+        that do not come back (ended episodes, or rows of another `max_batch_size` chunk not yet called) stay
+        until the caller clears the store: the engine does at the end of each rollout."""
         if tuple(prefix) != self.prefix:
             self.entries, self.prefix = {}, tuple(prefix)
         gone = {id(e) for e in used}
