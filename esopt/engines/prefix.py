@@ -241,11 +241,10 @@ def _own_entries(own_layers: list[SuffixLayer], ids: Sequence[Sequence[int]], st
                  row_groups: Sequence[int]) -> list[RowEntry]:
     """Each row's own positions after a decode, packed: its cached slots, its encoded tokens, then its generated
     tokens but the last (whose KV no step computed)."""
-    out = []
+    out, dev = [], cast(torch.Tensor, own_layers[0].keys).device
     for r, (x, start, gen) in enumerate(zip(ids, starts, tokens)):
         slots = torch.cat([torch.arange(cached - (start - prefix_len), cached),
-                           torch.arange(cached + width - (len(x) - start), cached + width + len(gen) - 1)])
-        slots = slots.to(cast(torch.Tensor, own_layers[0].keys).device)
+                           torch.arange(cached + width - (len(x) - start), cached + width + len(gen) - 1)]).to(dev)
         layers = [(cast(torch.Tensor, layer.keys)[r].index_select(1, slots),
                    cast(torch.Tensor, layer.values)[r].index_select(1, slots)) for layer in own_layers]
         out.append(RowEntry(row_groups[r], (*x[prefix_len:], *gen[:-1]), layers))

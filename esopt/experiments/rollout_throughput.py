@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Literal
 
 import gymnasium as gym
 import torch
@@ -69,11 +70,11 @@ def raw_generate(
 
 def engine_generate(
     policy: HFEngine, make, seeds: list[int], sampling: SamplingParams, turns: int, seed: int, examples=(),
-    conversation: str = "markov",
+    conversation: Literal["markov", "history"] = "markov",
 ) -> tuple[int, float, list[list[str]], list[list[int]]]:
     """(generated tokens, seconds, prompts per turn, token ids) of a `turns`-turn lockstep rollout."""
     trajs, stats = run_episodes(policy, make, seeds, sampling, seed=seed, max_turns=turns, examples=examples,
-                                conversation=conversation)  # type: ignore[arg-type]
+                                conversation=conversation)
     turn_prompts = [[tr.turns[t].prompt for tr in trajs if len(tr.turns) > t] for t in range(turns)]
     ids = [tr.turns[t].token_ids for t in range(turns) for tr in trajs if len(tr.turns) > t]
     return stats.generated_tokens, stats.seconds, [p for p in turn_prompts if p], ids
