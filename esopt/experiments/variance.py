@@ -24,6 +24,7 @@ squares fits of ln(var) vs H* (growth rate), ln(var) vs ln(H*) (power exponent: 
     esopt analyze variance                             # H* 2 4 6 8 10 on 4x4, writes results/variance.md/png
     esopt analyze variance --h-stars 2 6 10 --repeats 32 --batch 64
     esopt analyze variance --smoke --out /tmp/v
+    esopt analyze variance --merge /tmp/v12 /tmp/v4 --out /tmp/v   # runs at different H*, refitted together
 
 Measured cost (2 CPU cores shared with other jobs, one torch thread): one
 repetition (B=32 PG episodes + backward, and N=8 x E=4 ES episodes) takes ~1.2 s x H*, so the default
@@ -328,12 +329,54 @@ def measure(setup: Setup, progress: bool = True) -> dict:
         if progress:
             print("  " + " | ".join(f"{m}: var {r['var']:.3e} rel {r['rel_var']:.2f}" for m in METHODS
                                     for r in rows[-2:] if r["method"] == m), flush=True)
-    out_fits = {}
+    return {"setup": asdict(setup), "dim": dim, "seconds": time.perf_counter() - t0, "rows": rows,
+            "fits": fits_per_method(rows)}
+
+
+def fits_per_method(rows: list[dict]) -> dict[str, dict]:
+    out = {}
     for m in METHODS:
         mine = [r for r in rows if r["method"] == m]
-        out_fits[m] = {q: fits([r["h_star"] for r in mine], [r[q] for r in mine])
-                       for q in ("var", "rel_var", "var_per_score_var")}
-    return {"setup": asdict(setup), "dim": dim, "seconds": time.perf_counter() - t0, "rows": rows, "fits": out_fits}
+        out[m] = {q: fits([r["h_star"] for r in mine], [r[q] for r in mine])
+                  for q in ("var", "rel_var", "var_per_score_var")}
+    return out
+
+
+def merge(results: list[dict], sources: list[str] | None = None) -> dict:
+    """One result from runs of the same setup at different horizons (e.g. an expensive H* run on its own),
+    with the fits refitted over all of them. Each H* is measured from seeds of its own (tasks, sampling,
+    ES noise per (seed, H*, repetition)), so a merged row is the row a single run over every H* gives."""
+    sources = sources or [f"result {i + 1}" for i in range(len(results))]
+    if len(results) < 2:
+        raise ValueError("--merge needs at least two variance.json results")
+    first = {k: v for k, v in results[0]["setup"].items() if k != "h_stars"}
+    seen: dict[int, str] = {}
+    for res, src in zip(results, sources):
+        setup = {k: v for k, v in res["setup"].items() if k != "h_stars"}
+        if diff := sorted(k for k in first.keys() | setup.keys() if first.get(k) != setup.get(k)):
+            raise ValueError(f"{src}: its setup differs from {sources[0]}'s in {', '.join(diff)}; only H* may differ")
+        if res["dim"] != results[0]["dim"]:
+            raise ValueError(f"{src}: model of {res['dim']:,} parameters, {sources[0]}: {results[0]['dim']:,}")
+        for h in res["setup"]["h_stars"]:
+            if h in seen:
+                raise ValueError(f"H*={h} is in both {seen[h]} and {src}")
+            seen[h] = src
+    rows = sorted((r for res in results for r in res["rows"]), key=lambda r: (r["h_star"], METHODS.index(r["method"])))
+    return {"setup": {**results[0]["setup"], "h_stars": sorted(seen)}, "dim": results[0]["dim"],
+            "seconds": sum(res["seconds"] for res in results), "rows": rows, "fits": fits_per_method(rows),
+            "merged_from": list(sources)}
+
+
+def load_result(path: str) -> dict:
+    """A variance.json, given as the file or as the folder `--out` wrote it to."""
+    p = Path(path)
+    p = p / "variance.json" if p.is_dir() else p
+    if not p.is_file():
+        raise ValueError(f"--merge {path}: no variance.json there")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--merge {path}: not a variance.json ({e})") from None
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -358,7 +401,9 @@ def report(result: dict) -> str:
         f"score - {'batch' if s['pg_group'] == 1 else 'group'} mean, sum of log-probs over every generated token; "
         f"ES: N={s['members']} members x E={s['member_episodes']} episodes, sigma={s['sigma']}"
         f"{', antithetic' if s['antithetic'] else ''}. Projections on K={s['directions']} random unit directions "
-        f"(seed {s['seed']}). {result['seconds']:.0f}s.", "",
+        f"(seed {s['seed']}). {result['seconds']:.0f}s"
+        + (f" in all, merged from {len(result['merged_from'])} runs ({', '.join(result['merged_from'])})."
+           if result.get("merged_from") else "."), "",
         "`var`: variance of the projection over repetitions, mean over directions (± its spread over directions, "
         "as a standard error). `rel_var` = var / (|mean estimate|^2 / D), a noise-to-signal ratio comparable "
         "across methods (near R when the mean is mostly noise); `nsr`: the same with |mean|^2 corrected for its "
@@ -448,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--few-shot", type=int, help="worked examples in every prompt (default 0)")
     p.add_argument("--temperature", type=float, help=f"sampling temperature (default {d.temperature})")
     p.add_argument("--micro-batch", type=int, help="PG backward micro-batch (default 64; smollm2: 16, for memory)")
+    p.add_argument("--merge", nargs="+", metavar="RUN",
+                   help="measure nothing: merge earlier runs' variance.json (files or --out folders) of the same "
+                        "setup at different H* into one table, with the fits over all their H*")
     add_analysis_options(p, "OUT/variance.md, .png, .json")
     return p
 
@@ -474,9 +522,11 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    torch.set_num_threads(args.threads)
-    setup = setup_from_args(args)
-    result = measure(setup, progress=not args.quiet)
+    if args.merge:
+        result = merge([load_result(x) for x in args.merge], sources=args.merge)
+    else:
+        torch.set_num_threads(args.threads)
+        result = measure(setup_from_args(args), progress=not args.quiet)
     md, png, text = write(result, Path(args.out))
     print(text)
     print(f"wrote {md}, {png} and {md.with_suffix('.json')}")

@@ -190,6 +190,23 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
         assert math.isfinite(f["log_var_vs_h"]["slope"]) and math.isfinite(f["var_vs_h"]["slope"]), f
     assert cli_main(["analyze", "nope"]) == 2
 
+    # the same setup run one H* at a time, then merged: the single run's rows and fits, exactly
+    for h in smoke.h_stars:
+        assert cli_main(["analyze", "variance", "--smoke", "--quiet", "--h-stars", str(h),
+                         "--out", str(tmp_path / f"h{h}")]) == 0
+    parts = [str(tmp_path / f"h{h}") for h in reversed(smoke.h_stars)]
+    assert cli_main(["analyze", "variance", "--merge", *parts, "--out", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "variance.json").read_text())
+    assert merged["rows"] == result["rows"] and merged["fits"] == result["fits"]
+    assert merged["setup"] == result["setup"] and merged["merged_from"] == parts
+    # a merge that would mix setups or count an H* twice is refused
+    assert cli_main(["analyze", "variance", "--merge", parts[0], parts[0], "--out", str(tmp_path / "x")]) == 2
+    other = json.loads((tmp_path / f"h{smoke.h_stars[0]}" / "variance.json").read_text())
+    other["setup"]["sigma"] *= 2
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="differs .* in sigma"):
+        variance.merge([json.loads((tmp_path / f"h{smoke.h_stars[1]}" / "variance.json").read_text()), other])
+
 
 def test_step_probe_smoke_compares_the_es_step_with_a_same_length_random_control(tmp_path):
     from esopt.experiments import step_probe
