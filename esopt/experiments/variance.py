@@ -374,9 +374,13 @@ def load_result(path: str) -> dict:
     if not p.is_file():
         raise ValueError(f"--merge {path}: no variance.json there")
     try:
-        return json.loads(p.read_text())
+        result = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"--merge {path}: not a variance.json ({e})") from None
+    missing = {"setup", "dim", "seconds", "rows"} - (result.keys() if isinstance(result, dict) else set())
+    if missing:
+        raise ValueError(f"--merge {path}: not a variance.json (no {', '.join(sorted(missing))})")
+    return result
 
 
 # --- report ----------------------------------------------------------------------------------------
