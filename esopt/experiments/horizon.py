@@ -422,7 +422,8 @@ def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
                 ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="best")
-    fig.suptitle(f"{plan.size}x{plan.size} Sudoku, {plan.episodes_per_step} episodes per step for every method")
+    # two lines: one panel column is narrower than the one-line title
+    fig.suptitle(f"{plan.size}x{plan.size} Sudoku,\n{plan.episodes_per_step} episodes per step for every method")
     return save_figure(fig, path)
 
 
