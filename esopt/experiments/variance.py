@@ -504,10 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+SETUP_OPTIONS = ("h_stars", "repeats", "batch", "members", "member_episodes", "directions", "sigma", "pg_group",
+                 "size", "warm_start_steps", "seed", "model", "few_shot", "temperature", "micro_batch")
+
+
 def setup_from_args(args: argparse.Namespace) -> Setup:
     setup = Setup(**SMOKE) if args.smoke else Setup()
-    for key in ("h_stars", "repeats", "batch", "members", "member_episodes", "directions", "sigma", "pg_group",
-                "size", "warm_start_steps", "seed", "model", "few_shot", "temperature", "micro_batch"):
+    for key in SETUP_OPTIONS:
         if getattr(args, key) is not None:
             setattr(setup, key, getattr(args, key))
     for item in args.env_arg:
@@ -527,6 +530,10 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.merge:
+        given = [k for k in SETUP_OPTIONS if getattr(args, k) is not None]
+        given += [k for k in ("smoke", "antithetic", "env_arg") if getattr(args, k)]
+        if given:
+            raise ValueError(f"--merge measures nothing, so --{given[0].replace('_', '-')} has no effect; drop it")
         result = merge([load_result(x) for x in args.merge], sources=args.merge)
     else:
         torch.set_num_threads(args.threads)

@@ -201,6 +201,7 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
     assert merged["setup"] == result["setup"] and merged["merged_from"] == parts
     # a merge that would mix setups or count an H* twice is refused
     assert cli_main(["analyze", "variance", "--merge", parts[0], parts[0], "--out", str(tmp_path / "x")]) == 2
+    assert cli_main(["analyze", "variance", "--merge", *parts, "--h-stars", "3", "--out", str(tmp_path / "x")]) == 2
     (tmp_path / "list.json").write_text("[1]")
     assert cli_main(["analyze", "variance", "--merge", parts[0], str(tmp_path / "list.json"), "--out", "x"]) == 2
     other = json.loads((tmp_path / f"h{smoke.h_stars[0]}" / "variance.json").read_text())
