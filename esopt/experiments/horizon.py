@@ -152,19 +152,20 @@ def run_config(plan: Plan, method: str, h_star: int, seed: int):
 
 # --- running ---------------------------------------------------------------------------------------
 
-def run_all(plan: Plan, out: Path, resume: bool = False, threads: int = 1, progress: bool = False) -> list[str]:
-    """Train every (method, H*, seed) not finished yet; returns the names of failed runs."""
+def run_all(plan: Plan, out: Path, resume: bool = False, threads: int = 1, progress: bool = False,
+            jobs: int = 1) -> list[str]:
+    """Train every (method, H*, seed) not finished yet, `jobs` at a time; returns the names of failed runs."""
     from esopt.experiments.sweep import run_sweep
     from esopt.train.sft import warm_start_path
 
-    jobs = [(m, h, s) for h in plan.h_stars for s in plan.seeds for m in plan.methods]
-    configs = {run_name(*j): run_config(plan, *j) for j in jobs}  # validate every config before any work
+    cells = [(m, h, s) for h in plan.h_stars for s in plan.seeds for m in plan.methods]
+    configs = {run_name(*c): run_config(plan, *c) for c in cells}  # validate every config before any work
     for config in configs.values():  # every method and seed at one H* starts from one base: evaluate it once
         config.eval.base_cache = str(out / "horizon_base_evals")
     if plan.model == "tiny-sudoku":  # here, so no run's peak memory includes pretraining
         warm_start_path(plan.size, plan.warm_start_steps)
     return run_sweep(configs, out / "horizon", resume=resume, isolate=plan.isolate, threads=threads,
-                     progress=progress)
+                     progress=progress, jobs=jobs)
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -467,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one fresh process per run (honest peak memory); default on for cpu, off for smoke")
     p.add_argument("--no-memory-probe", action="store_true", help="skip the inference-only memory probe")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (1: no OpenMP oversubscription)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="isolated runs at once, each logging to its run dir's train.log (2 cores: 2 x --threads 1; "
+                        "a GPU: more, best under an MPS daemon); the runs of one H* share one base eval")
     p.add_argument("--out", default="results", help="results root: OUT/horizon/<run>/, OUT/horizon.md, OUT/horizon.png")
     p.add_argument("--resume", action="store_true", help="skip finished runs (summary.json), continue partial ones")
     p.add_argument("--report-only", action="store_true", help="only rebuild horizon.md/png from existing runs")
@@ -504,11 +508,14 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     plan = plan_from_args(args)
+    if args.jobs < 1 or (args.jobs > 1 and not plan.isolate):
+        raise ValueError(f"--jobs {args.jobs}: must be >= 1, and above 1 only with isolated runs (add --isolate)")
     out = Path(args.out)
     failed: list[str] = []
     t = time.perf_counter()
     if not args.report_only:
-        failed = run_all(plan, out, resume=args.resume, threads=args.threads, progress=args.progress)
+        failed = run_all(plan, out, resume=args.resume, threads=args.threads, progress=args.progress,
+                         jobs=args.jobs)
     md, png, text = write_report(plan, out)
     print(text)
     print(f"wrote {md} and {png} ({time.perf_counter() - t:.0f}s)")

@@ -1,6 +1,7 @@
 """The sweep runner every multi-run experiment shares: train each named config into ROOT/NAME unless it is
 finished, continue partial runs on `resume`, optionally each in a fresh process (honest per-run peak memory),
-and record each run's wall-clock in ROOT/NAME/bench.json. A failed run is reported and left out, not fatal.
+`jobs` of those at a time, and record each run's wall-clock in ROOT/NAME/bench.json. A failed run is reported
+and left out, not fatal.
 
     python -m esopt.experiments.sweep RUN_DIR [--resume] [--progress]    # the child process of one isolated run
 """
@@ -33,30 +34,53 @@ def train_in_process(run: Path, resume: bool, progress: bool) -> int:
     return 130 if summary.get("interrupted") else 0
 
 
+def child_command(run: Path, resume: bool, progress: bool) -> list[str]:
+    return [sys.executable, "-m", "esopt.experiments.sweep", str(run), *(["--resume"] if resume else []),
+            *(["--progress"] if progress else [])]
+
+
+def start_child(run: Path, resume: bool, threads: int, progress: bool = False, log: Path | None = None):
+    """Start one run's training in a fresh process (a Popen). Output goes to the inherited stdout/stderr, or
+    appended to `log` (what parallel runs do, so their lines do not interleave)."""
+    cmd = child_command(run, resume, progress)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    if log is None:
+        return subprocess.Popen(cmd, env=env)
+    with open(log, "a") as out:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
 def train_in_child(run: Path, resume: bool, threads: int, progress: bool = False) -> int:
     """Train one run in a fresh process; with `progress` it writes progress to the inherited stderr (plain lines
     in a log file, bars on a terminal)."""
-    cmd = [sys.executable, "-m", "esopt.experiments.sweep", str(run), *(["--resume"] if resume else []),
-           *(["--progress"] if progress else [])]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(cmd, env=env)
+    return wait_all([start_child(run, resume, threads, progress)])[0]
+
+
+def wait_all(procs: list) -> list[int]:
+    """Exit codes of `procs`; on Ctrl-C wait for them all first (each child got the same SIGINT and saves its
+    checkpoint), then re-raise."""
     try:
-        return proc.wait()
+        return [p.wait() for p in procs]
     except KeyboardInterrupt:
-        proc.wait()  # the child got the same SIGINT: let it save its checkpoint first
+        for p in procs:
+            p.wait()
         raise
 
 
 def run_sweep(configs: dict, root: Path, resume: bool = False, isolate: bool = False, threads: int = 1,
-              progress: bool = False) -> list[str]:
-    """Train every config ({name: validated training config}) into root/name; the names of failed runs."""
+              progress: bool = False, jobs: int = 1) -> list[str]:
+    """Train every config ({name: validated training config}) into root/name; the names of failed runs.
+    `jobs` > 1 trains that many isolated runs at once, each logging to root/name/train.log."""
     from esopt.train.config import dump_config, load_config
 
+    if jobs < 1 or (jobs > 1 and not isolate):
+        raise ValueError(f"--jobs must be >= 1, and above 1 only with isolated runs (got {jobs}, "
+                         f"isolate={isolate})")
     states = {name: run_state(root / name) for name in configs}
     if not resume and (busy := [n for n, s in states.items() if s != "new"]):
         raise FileExistsError(f"{root / busy[0]} already holds a run: pass --resume (skips finished runs, "
                               "continues partial ones) or another --out")
-    failed, t0 = [], time.perf_counter()
+    todo, t0 = [], time.perf_counter()
     for k, (name, config) in enumerate(configs.items()):
         run = root / name
         if states[name] == "done":
@@ -69,19 +93,51 @@ def run_sweep(configs: dict, root: Path, resume: bool = False, isolate: bool = F
         elif not cont:
             run.mkdir(parents=True, exist_ok=True)
             dump_config(config, run / "config.yaml")
-        print(f"[{k + 1}/{len(configs)}] {name}: {'continuing' if cont else 'training'} "
-              f"({config.episodes_per_step} episodes/step, {config.steps} steps) "
-              f"| {time.perf_counter() - t0:.0f}s elapsed", flush=True)
-        t = time.perf_counter()
-        rc = train_in_child(run, cont, threads, progress) if isolate else train_in_process(run, cont, progress)
+        todo.append((f"[{k + 1}/{len(configs)}] {name}: {'continuing' if cont else 'training'} "
+                     f"({config.episodes_per_step} episodes/step, {config.steps} steps)", name, run, cont))
+    failed: list[str] = []
+
+    def finish(name: str, run: Path, rc: int, seconds: float) -> None:
         if rc == 130:
             raise KeyboardInterrupt
         if rc or not (run / "summary.json").exists():
             failed.append(name)
-            print(f"error: {name} failed (exit code {rc}); the report leaves it out", file=sys.stderr)
-            continue
-        (run / "bench.json").write_text(json.dumps({"wall_seconds": time.perf_counter() - t, "isolated": isolate}))
+            where = f"; its log: {run / 'train.log'}" if jobs > 1 else ""
+            print(f"error: {name} failed (exit code {rc}); the report leaves it out{where}", file=sys.stderr)
+            return
+        (run / "bench.json").write_text(json.dumps({"wall_seconds": seconds, "isolated": isolate}))
+
+    if jobs == 1:
+        for line, name, run, cont in todo:
+            print(f"{line} | {time.perf_counter() - t0:.0f}s elapsed", flush=True)
+            t = time.perf_counter()
+            rc = train_in_child(run, cont, threads, progress) if isolate else train_in_process(run, cont, progress)
+            finish(name, run, rc, time.perf_counter() - t)
+        return failed
+    run_parallel(todo, jobs, threads, progress, finish, t0)
     return failed
+
+
+def run_parallel(todo: list[tuple], jobs: int, threads: int, progress: bool, finish, t0: float) -> None:
+    """Keep `jobs` isolated runs going until `todo` ((start line, name, run dir, resume) each) is done; each
+    logs to its run dir's train.log; `finish(name, run, exit code, seconds)` as each ends."""
+    pending, running = list(todo), {}  # running: Popen -> (name, run, start time)
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                line, name, run, cont = pending.pop(0)
+                print(f"{line}, log {run / 'train.log'} | {time.perf_counter() - t0:.0f}s elapsed", flush=True)
+                running[start_child(run, cont, threads, progress, log=run / "train.log")] = \
+                    (name, run, time.perf_counter())
+            time.sleep(0.2)
+            for proc in [p for p in running if p.poll() is not None]:
+                name, run, t = running.pop(proc)
+                print(f"{name}: done (exit code {proc.returncode}) | {time.perf_counter() - t0:.0f}s elapsed",
+                      flush=True)
+                finish(name, run, proc.returncode, time.perf_counter() - t)
+    except KeyboardInterrupt:
+        wait_all(list(running))
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

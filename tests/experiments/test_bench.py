@@ -171,6 +171,9 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
     # --resume skips finished runs; without it an existing run directory is an error, not an overwrite
     assert horizon.main(["--preset", "smoke", "--out", str(tmp_path), "--resume", "--methods", "es"]) == 0
     assert cli_main(["bench", "horizon", "--preset", "smoke", "--out", str(tmp_path)]) == 2
+    # runs at once need a process each
+    assert cli_main(["bench", "horizon", "--preset", "smoke", "--jobs", "2", "--out", str(tmp_path / "j")]) == 2
+    assert not (tmp_path / "j").exists()
 
 
 @pytest.mark.slow
