@@ -365,7 +365,8 @@ def report(plan: Plan, results: list[RunResult]) -> str:
         )
         for m in methods
     }
-    lines += ["", "## Peak memory (mean over runs; CPU: the run process's VmHWM)", "",
+    lines += ["", "## Peak memory (mean over runs; CPU: the run process's VmHWM; CUDA: "
+              "torch.cuda.max_memory_allocated)", "",
               "| method | peak | inference-only peak | method / inference-only | method / ES |",
               "|---|---|---|---|---|"]
     for m in methods:
