@@ -25,6 +25,8 @@ squares fits of ln(var) vs H* (growth rate), ln(var) vs ln(H*) (power exponent: 
     esopt analyze variance --h-stars 2 6 10 --repeats 32 --batch 64
     esopt analyze variance --smoke --out /tmp/v
     esopt analyze variance --merge /tmp/v12 /tmp/v4 --out /tmp/v   # runs at different H*, refitted together
+    esopt analyze variance --device cuda --threads 8 ...            # rollouts and backward on a GPU; the
+                                                                    # projections stay on the host's threads
 
 Measured cost (2 CPU cores shared with other jobs, one torch thread): one
 repetition (B=32 PG episodes + backward, and N=8 x E=4 ES episodes) takes ~1.2 s x H*, so the default
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -72,6 +75,7 @@ class Setup:
     model: str = "tiny-sudoku"  # or "smollm2" (pretrained, with `env_kwargs` hints and `few_shot` examples)
     env_kwargs: dict = field(default_factory=dict)  # extra Sudoku arguments, e.g. {"hints": "candidates"}
     few_shot: int = 0  # worked examples in every prompt (the env's `worked_examples`)
+    device: str = "cpu"  # where the model rolls out and back-propagates; estimates are projected on the host
 
     def check(self) -> None:
         if self.repeats < 2:
@@ -90,6 +94,8 @@ class Setup:
             raise ValueError(f"--model must be tiny-sudoku or smollm2 (got {self.model!r})")
         if clash := sorted({"size", "h_star", "reward"} & set(self.env_kwargs)):
             raise ValueError(f"--env-arg {clash}: set by the analysis itself (use --size / --h-stars)")
+        if not re.fullmatch(r"cpu|auto|mps|cuda(:\d+)?|xpu(:\d+)?", self.device):
+            raise ValueError(f"--device {self.device!r}: must be cpu, auto, cuda, cuda:N, mps or xpu")
 
 
 SMOKE = dict(h_stars=[1, 2], repeats=3, batch=4, members=4, member_episodes=2, directions=4, warm_start_steps=60,
@@ -255,7 +261,7 @@ def fixed_model(setup: Setup):
     from esopt.train.models import load_model
 
     warm = {"warm_start_steps": setup.warm_start_steps} if setup.model == "tiny-sudoku" else {}
-    return load_model(ModelSection(name=setup.model, **warm), {"size": setup.size})
+    return load_model(ModelSection(name=setup.model, device=setup.device, **warm), {"size": setup.size})
 
 
 def measure(setup: Setup, progress: bool = True) -> dict:
@@ -380,6 +386,7 @@ def load_result(path: str) -> dict:
     missing = {"setup", "dim", "seconds", "rows"} - (result.keys() if isinstance(result, dict) else set())
     if missing:
         raise ValueError(f"--merge {path}: not a variance.json (no {', '.join(sorted(missing))})")
+    result["setup"].setdefault("device", "cpu")  # written before --device existed: on the CPU
     return result
 
 
@@ -497,6 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--few-shot", type=int, help="worked examples in every prompt (default 0)")
     p.add_argument("--temperature", type=float, help=f"sampling temperature (default {d.temperature})")
     p.add_argument("--micro-batch", type=int, help="PG backward micro-batch (default 64; smollm2: 16, for memory)")
+    p.add_argument("--device", help="cpu (default), cuda, cuda:N or auto: where rollouts and backward passes run "
+                                    "(CUDA draws other ES noise than the CPU for a seed: runs on both do not merge)")
     p.add_argument("--merge", nargs="+", metavar="RUN",
                    help="measure nothing: merge earlier runs' variance.json (files or --out folders) of the same "
                         "setup at different H* into one table, with the fits over all their H*")
@@ -505,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SETUP_OPTIONS = ("h_stars", "repeats", "batch", "members", "member_episodes", "directions", "sigma", "pg_group",
-                 "size", "warm_start_steps", "seed", "model", "few_shot", "temperature", "micro_batch")
+                 "size", "warm_start_steps", "seed", "model", "few_shot", "temperature", "micro_batch", "device")
 
 
 def setup_from_args(args: argparse.Namespace) -> Setup:

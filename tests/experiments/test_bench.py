@@ -212,6 +212,13 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
     other["setup"]["sigma"] *= 2
     with pytest.raises(ValueError, match="differs .* in sigma"):
         variance.merge([json.loads((tmp_path / f"h{smoke.h_stars[1]}" / "variance.json").read_text()), other])
+    # CUDA draws other ES noise than the CPU: such runs do not merge; a file from before --device was on the CPU
+    other["setup"].update(sigma=smoke.sigma, device="cuda")
+    with pytest.raises(ValueError, match="differs .* in device"):
+        variance.merge([variance.load_result(parts[0]), other])
+    del other["setup"]["device"]
+    (tmp_path / "legacy.json").write_text(json.dumps(other))
+    assert variance.load_result(str(tmp_path / "legacy.json"))["setup"]["device"] == "cpu"
 
 
 def test_step_probe_smoke_compares_the_es_step_with_a_same_length_random_control(tmp_path):
@@ -259,7 +266,10 @@ def test_variance_setup_on_the_pretrained_model():
     assert (setup.model, setup.few_shot, setup.temperature) == ("smollm2", 2, 0.3)
     assert setup.env_kwargs == {"hints": "candidates", "examples": "episode"} and setup.micro_batch == 16
     assert variance.setup_from_args(parse([])).env_kwargs == {}  # no state shared between setups
-    for bad, match in ((["--env-arg", "hints"], "KEY=VALUE"), (["--env-arg", "h_star=3"], "set by the analysis")):
+    assert variance.setup_from_args(parse([])).device == "cpu"
+    assert variance.setup_from_args(parse(["--device", "cuda:1"])).device == "cuda:1"
+    for bad, match in ((["--env-arg", "hints"], "KEY=VALUE"), (["--env-arg", "h_star=3"], "set by the analysis"),
+                       (["--device", "gpu"], "--device 'gpu': must be cpu")):
         with pytest.raises(ValueError, match=match):
             variance.setup_from_args(parse(bad))
 
