@@ -6,7 +6,7 @@ An engine turns chat messages into prompts and generates completions in batches.
 
 Batched ES populations (many members in one forward pass) need the engine to know which member owns
 each batch row: `generate(..., members=[...])` names it per prompt, and `route_members(router)` installs
-the object that applies each member's weights to its rows (`esopt.es.batched.BatchedLowRank`).
+the object that applies each member's weights to its rows (`esopt.es.batched.member_router`).
 """
 
 from __future__ import annotations

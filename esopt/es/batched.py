@@ -1,13 +1,18 @@
-"""Many low-rank members in one batched forward (EGGROLL): the base weights stay untouched and each batch row
-adds its own member's term.
+"""Many members in one batched forward: the base weights stay untouched and each batch row computes with its
+own member's weights. `member_router` picks the kind for the noise:
 
-For a linear layer y = x W^T, member i's weight is W + s_i A_i B_i^T (s_i = sigma * sign_i / sqrt(r)), so
-its output is y + s_i (x B_i) A_i^T: two thin matmuls per row instead of a perturbed copy of W. For an
-embedding the row of token t gains s_i A_i[t] B_i^T. A tied LM head shares the embedding's factors.
-With G members x E episodes in one batch, the CPU's AMX units and a GPU see batches G times larger than
-one member's rollout: that is where the throughput comes from.
+- `BatchedLowRank` (EGGROLL). For a linear layer y = x W^T, member i's weight is W + s_i A_i B_i^T (s_i = sigma *
+  sign_i / sqrt(r)), so its output is y + s_i (x B_i) A_i^T: two thin matmuls per row instead of a perturbed
+  copy of W. For an embedding the row of token t gains s_i A_i[t] B_i^T. A tied LM head shares the embedding's
+  factors. With G members x E episodes in one batch, the CPU's AMX units and a GPU see batches G times larger
+  than one member's rollout: that is where the throughput comes from.
+- `BatchedFullRank` (dense noise). Each member's perturbed copy of every parameter is built once per block, and
+  each row runs its Linear, Embedding and RMSNorm layers with its member's copy (one bmm per Linear when the
+  rows come in member blocks). It holds a perturbed copy of the model per member of the block
+  (`es.members_per_rollout` bounds that). It pays where one member's decode is launch-bound (a GPU decoding a
+  few rows) and not where decode is bandwidth-bound (a CPU reads every member's copy either way).
 
-    host = BatchedLowRank(model, es.perturbation)
+    host = member_router(model, es.perturbation)
     with host.members(members, sigma):
         host.set_rows([0, 0, 1, 1, ...])      # which member each batch row belongs to
         model(input_ids)                      # rows see their own member's weights
@@ -19,8 +24,9 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 
-from esopt.es.perturbation import LowRankNoise
+from esopt.es.perturbation import GaussianNoise, LowRankNoise, Perturbation
 
 
 class BatchedLowRank:
@@ -120,6 +126,100 @@ class BatchedLowRank:
             return out.baddbmm_(torch.bmm(x.reshape(groups, -1, x.shape[-1]), b) * scales, a).view_as(output)
 
         return hook
+
+
+def _is_rmsnorm(module: torch.nn.Module) -> bool:
+    """Llama-style RMSNorm (Llama, Qwen, Mistral, SmolLM2): weight * x / rms(x), computed in fp32."""
+    return type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
+
+
+def _with_weight(module: torch.nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What `module` computes on `x` with `w` in place of its weight (the layer kinds `BatchedFullRank` serves)."""
+    if isinstance(module, torch.nn.Embedding):
+        return F.embedding(x, w, module.padding_idx)
+    if isinstance(module, torch.nn.Linear):
+        return F.linear(x, w, module.bias)
+    h = x.to(torch.float32)  # LlamaRMSNorm.forward, with the member's weight
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
+    return w * h.to(x.dtype)
+
+
+class BatchedFullRank:
+    def __init__(self, model: torch.nn.Module, perturbation: GaussianNoise):
+        if not isinstance(perturbation, GaussianNoise):
+            raise ValueError("batched full-rank populations need es.noise: normal")
+        owners: dict[int, list[torch.nn.Module]] = {}
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or _is_rmsnorm(module):
+                owners.setdefault(id(module.weight), []).append(module)
+        self.targets: list[tuple[int, torch.nn.Module]] = []
+        for k, (name, p) in enumerate(perturbation.params):
+            if id(p) not in owners:
+                raise ValueError(f"batched full-rank noise serves the weights of Linear, Embedding and RMSNorm layers; "
+                                 f"{name} is none of those (narrow es.scope, or evaluate members one by one)")
+            self.targets += [(k, m) for m in owners[id(p)]]
+        self.model, self.perturbation = model, perturbation
+        self.weights: dict[int, torch.Tensor] = {}  # parameter k -> (G, *shape): the block's members' copies
+        self.rows: list[int] | None = None
+        self.in_order = False  # rows are each member's k rows in turn, every member there: one bmm per Linear
+        self.groups: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}  # per device: (member, its rows)
+
+    def set_rows(self, members_of_rows: Sequence[int]) -> None:
+        """The member index (position in the `members` list) of every row of the next forward passes."""
+        self.rows = list(members_of_rows)
+        blocks = _blocks(self.rows)
+        self.in_order = blocks is not None and blocks[0].tolist() == list(range(self._members()))
+        self.groups = {}  # built on the first pass that needs them, once for all passes over these rows
+
+    def _groups(self, device: torch.device) -> list[tuple[int, torch.Tensor]]:
+        if device not in self.groups:
+            assert self.rows is not None
+            own: dict[int, list[int]] = {}
+            for i, m in enumerate(self.rows):
+                own.setdefault(m, []).append(i)
+            self.groups[device] = [(m, torch.tensor(idx, device=device)) for m, idx in own.items()]
+        return self.groups[device]
+
+    def _members(self) -> int:
+        return next(iter(self.weights.values())).shape[0] if self.weights else 0
+
+    @contextlib.contextmanager
+    def members(self, members: Sequence, sigma: float) -> Iterator[BatchedFullRank]:
+        """Build the members' perturbed copies for the block; the model is unchanged before and after."""
+        pert: Perturbation = self.perturbation
+        for k in range(len(pert.params)):
+            self.weights[k] = torch.stack([pert.member_weights(k, m.seed, sigma * m.sign) for m in members])
+        handles = [module.register_forward_hook(self._hook(k)) for k, module in self.targets]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+            self.weights, self.rows, self.in_order, self.groups = {}, None, False, {}
+
+    def _hook(self, k: int):
+        def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+            if self.rows is None:
+                raise RuntimeError("BatchedFullRank: set_rows() before the forward pass")
+            if output.shape[0] != len(self.rows):
+                raise RuntimeError(f"BatchedFullRank: a batch of {output.shape[0]} rows, but rows were set for "
+                                   f"{len(self.rows)}")
+            x, w = inputs[0], self.weights[k]
+            if self.in_order and isinstance(module, torch.nn.Linear) and module.bias is None:
+                groups = w.shape[0]  # (G, k*T, in) @ (G, in, out): every member's rows in one product
+                return torch.bmm(x.reshape(groups, -1, x.shape[-1]), w.transpose(1, 2)).view_as(output)
+            for m, idx in self._groups(output.device):  # the module's own output, overwritten member by member
+                output[idx] = _with_weight(module, x[idx], w[m])
+            return output
+
+        return hook
+
+
+def member_router(model: torch.nn.Module, perturbation: Perturbation) -> BatchedLowRank | BatchedFullRank:
+    """The batched population for this noise: low-rank factors added per row, or dense per-member copies."""
+    if isinstance(perturbation, LowRankNoise):
+        return BatchedLowRank(model, perturbation)
+    return BatchedFullRank(model, perturbation)
 
 
 def _blocks(rows: list[int]) -> tuple[torch.Tensor, int] | None:

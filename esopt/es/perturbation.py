@@ -243,6 +243,20 @@ class GaussianNoise(Perturbation):
             flat[s:e].copy_(flat[s:e].float().add_(eps, alpha=scale))
 
     @torch.no_grad()
+    def member_weights(self, k: int, seed: int, scale: float) -> torch.Tensor:
+        """Parameter k as the member (seed, scale) has it, as a new tensor in the weights' dtype, built from the
+        parameter's exact fp32 value where one is kept (its master, or its bf16 weights joined with their low
+        bits), else from the weights; the weights stay untouched (a batched full-rank population stacks these)."""
+        name, p = self.params[k]
+        out = torch.empty_like(p.data)
+        flat = out.view(-1)
+        for s, e, eps in self.chunks(seed, name, p.numel(), p.device):
+            base = self.exact_value(k, s, e)
+            base = p.data.view(-1)[s:e].float() if base is None else base.to(p.device)
+            flat[s:e].copy_(torch.add(base, eps, alpha=scale))
+        return out
+
+    @torch.no_grad()
     def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:
         out = []
         for name, p in self.params:

@@ -7,6 +7,8 @@ EOS disabled so every row makes exactly N tokens):
 - `inference, one call`: all G x B rows in one `generate` (the best layout pure inference has: the floor);
 - `full-rank`: per member perturb (dense noise) -> generate -> restore, then the update;
 - `low-rank in place`: the same with rank-r noise written into the weights;
+- `full-rank batched`: all G x B rows in one `generate`, each row on its member's dense perturbed copy (built
+  first: its time is the perturb column);
 - `low-rank batched`: all G x B rows in one `generate`, each row adding its member's low-rank term.
 It prints perturb / restore / update seconds per member, each mode's time over `inference` and the ratio
 best inference / mode (1: ES at the inference limit; the real-rollout counterpart is `esopt bench efficiency`).
@@ -52,7 +54,7 @@ def build(shape: str, dtype: torch.dtype, device: torch.device):
 def measure(shape: str, members: int, batch: int, prompt_tokens: int, new_tokens: int, rank: int,
             dtype: torch.dtype, device: torch.device) -> dict:
     from esopt.es import ES, ESConfig
-    from esopt.es.batched import BatchedLowRank
+    from esopt.es.batched import member_router
 
     model = build(shape, dtype, device)
     params = sum(p.numel() for p in model.parameters())
@@ -102,21 +104,25 @@ def measure(shape: str, members: int, batch: int, prompt_tokens: int, new_tokens
         split["update"] += time.perf_counter() - t
         rows.append({"mode": mode, "seconds": time.perf_counter() - t0,
                      **{k: v / members for k, v in split.items()}})
-        if noise == "lowrank":
-            es = ES(model, es.config.model_copy(update={"restore": "none"}))  # as batched training: no fp32 master
-            host = BatchedLowRank(model, es.perturbation)
-            pop = es.ask(1)
+        # all members' rows in one generate, as batched training runs them (no fp32 master): low-rank terms
+        # added per row, or (full-rank) every member's dense copy built first, its build counted as perturb
+        es = ES(model, es.config.model_copy(update={"restore": "none"}))
+        host = member_router(model, es.perturbation)
+        pop = es.ask(1)
+        sync(device)
+        t0 = time.perf_counter()
+        with host.members(pop, 1e-3):
             sync(device)
-            t0 = time.perf_counter()
-            with host.members(pop, 1e-3):
-                host.set_rows([i for i in range(members) for _ in range(batch)])
-                decode(ids.repeat(members, 1))
-            t = time.perf_counter()
-            es.tell([float(i % 3) for i in range(members)])
-            sync(device)
-            rows.append({"mode": "low-rank batched", "seconds": time.perf_counter() - t0, "perturb": None,
-                         "restore": None, "update": (time.perf_counter() - t) / members})
-        del es
+            built = time.perf_counter() - t0
+            host.set_rows([i for i in range(members) for _ in range(batch)])
+            decode(ids.repeat(members, 1))
+        t = time.perf_counter()
+        es.tell([float(i % 3) for i in range(members)])
+        sync(device)
+        rows.append({"mode": f"{mode.split()[0]} batched", "seconds": time.perf_counter() - t0,
+                     "perturb": built / members if noise == "normal" else None, "restore": None,
+                     "update": (time.perf_counter() - t) / members})
+        del es, host
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"shape": shape, "params": params, "rows": rows}

@@ -1,5 +1,6 @@
-"""All members' episodes in one batched rollout (low-rank noise, EGGROLL): the base weights stay untouched
-and every batch row adds its own member's low-rank term (`esopt.es.batched`). Member i runs rows
+"""All members' episodes in one batched rollout: the base weights stay untouched and every batch row computes
+with its own member's weights (`esopt.es.batched`: low-rank terms added per row, EGGROLL, or dense per-member
+copies for full-rank noise). Member i runs rows
 [i*E, (i+1)*E). Greedy decoding gives each member exactly the episodes the local evaluator would; sampled
 decoding draws from other random streams (the batch is larger).
 
@@ -13,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from esopt.es import Member
-from esopt.es.batched import BatchedLowRank
+from esopt.es.batched import member_router
 from esopt.population.base import MemberResult, PopulationContext, member_score
 from esopt.rollout import RolloutSpec, RolloutStats
 
@@ -21,7 +22,7 @@ from esopt.rollout import RolloutSpec, RolloutStats
 class BatchedEvaluator:
     def __init__(self, context: PopulationContext):
         self.context = context
-        self.host = BatchedLowRank(context.engine.model, context.es.perturbation)
+        self.host = member_router(context.engine.model, context.es.perturbation)
 
     def evaluate(self, members: Sequence[Member], sigma: float, task_seeds: list[int], rollout_seed: int,
                  spec: RolloutSpec) -> list[MemberResult]:

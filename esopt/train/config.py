@@ -129,8 +129,10 @@ class ESSection(ESConfig):
         "mean", description="member fitness: mean episode score, or each task z-scored across members first "
         "(EGGROLL's per-task baseline); the shaping is applied after it")
 
-    batched: bool = Field(False, description="lowrank noise: roll out all members' episodes in one batch, each row "
-                          "adding its member's low-rank term (G x E episodes per generate call)")
+    batched: bool = Field(False, description="roll out all members' episodes in one batch (G x E episodes per "
+                          "generate call): lowrank noise adds each row's low-rank term; normal noise runs each row "
+                          "on its member's perturbed copy (a copy per member: for GPUs, where one member's decode "
+                          "is launch-bound)")
     members_per_rollout: int | None = Field(
         None, ge=1, description="batched: members rolled out together (default: all G). Each member holds its own "
         "prefix KV during its rollout, so fewer cut peak memory, at smaller decode batches")
@@ -141,8 +143,8 @@ class ESSection(ESConfig):
     def _check_pool(self) -> ESSection:
         if self.task_pool is not None and self.task_pool < self.tasks_per_member:
             raise ValueError(f"task_pool ({self.task_pool}) must be >= tasks_per_member ({self.tasks_per_member})")
-        if self.batched and (self.noise != "lowrank" or self.noise_others != "frozen"):
-            raise ValueError("es.batched needs es.noise: lowrank with es.noise_others: frozen")
+        if self.batched and self.noise == "lowrank" and self.noise_others != "frozen":
+            raise ValueError("es.batched with es.noise: lowrank needs es.noise_others: frozen")
         if self.members_per_rollout is not None and not self.batched:
             raise ValueError("es.members_per_rollout needs es.batched: true (members run one by one otherwise)")
         return self

@@ -246,7 +246,7 @@ def test_gpu_benchmark_runs_on_cpu_at_a_tiny_shape(capsys):
     assert gpu.main(["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--members", "2", "--batch", "2",
                      "--prompt-tokens", "4", "--new-tokens", "3"]) == 0
     out = capsys.readouterr().out
-    for mode in ("inference", "full-rank", "low-rank in place", "low-rank batched"):
+    for mode in ("inference", "full-rank", "full-rank batched", "low-rank in place", "low-rank batched"):
         assert f"| {mode} |" in out
 
 

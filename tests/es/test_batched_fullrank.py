@@ -1,0 +1,93 @@
+"""Batched full-rank members: every batch row runs on its own member's dense perturbed copy of the weights."""
+
+import pytest
+import torch
+
+from esopt.es import ES, ESConfig
+from esopt.es.batched import BatchedFullRank, BatchedLowRank, member_router
+from esopt.models.tiny import build_tiny_model
+from esopt.train.config import ConfigError, build_config, load_config
+from esopt.train.models import load_model
+
+
+def _es(model, **kw) -> ES:
+    return ES(model, ESConfig(population_size=4, antithetic=True, sigma=0.05, sigma_schedule="constant", **kw))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_member_weights_are_what_the_in_place_member_writes(dtype):
+    model, _ = build_tiny_model(seed=2)
+    model.to(dtype)
+    es = _es(model)  # restore "exact": perturbed weights are written from the fp32 master
+    member = es.ask()[1]
+    built = [es.perturbation.member_weights(k, member.seed, 0.05 * member.sign)
+             for k in range(len(es.perturbation.params))]
+    before = [p.detach().clone() for _, p in es.perturbation.params]
+    with es.perturbed(member):
+        for (name, p), w in zip(es.perturbation.params, built):
+            assert w.dtype == dtype and torch.equal(w, p.detach()), name
+    assert all(torch.equal(b, p.detach()) for b, (_, p) in zip(before, es.perturbation.params))
+
+
+@pytest.mark.parametrize("rows", [[0, 0, 1, 1, 2, 2, 3, 3],  # every member's rows in turn: one bmm per Linear
+                                  [0, 1, 2, 3, 1, 2],  # any rows: member by member
+                                  [3, 3, 1, 1]])  # blocks of some members
+def test_batched_forward_equals_each_member_written_in(rows):
+    model, _ = build_tiny_model(seed=3)  # tied embedding / LM head, RMSNorm weights: every kind of layer
+    es = _es(model)
+    members = es.ask()
+    ids = torch.randint(4, 90, (len(rows), 7), generator=torch.Generator().manual_seed(0))
+    host = member_router(model, es.perturbation)
+    assert isinstance(host, BatchedFullRank)
+    with torch.no_grad():
+        plain = model(ids).logits
+        with host.members(members, 0.05):
+            host.set_rows(rows)
+            batched = model(ids).logits
+    for r, m in enumerate(rows):
+        with torch.no_grad(), es.perturbed(members[m]):
+            expected = model(ids[r:r + 1]).logits[0]
+        torch.testing.assert_close(batched[r], expected, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(batched[r], plain[r], atol=1e-4)  # the member's noise is really there
+    torch.testing.assert_close(model(ids).logits, plain)  # hooks gone: the base model again
+    with host.members(members, 0.05), pytest.raises(RuntimeError, match="set_rows"):
+        model(ids)
+
+
+def test_batched_full_rank_serves_only_layers_it_knows():
+    model, _ = build_tiny_model(seed=3)
+    model.extra = torch.nn.Conv1d(2, 2, 1)  # a parameter of a layer kind the router cannot split by rows
+    with pytest.raises(ValueError, match="extra.weight is none of those"):
+        BatchedFullRank(model, _es(model).perturbation)
+    assert isinstance(member_router(model, _es(model, noise="lowrank").perturbation), BatchedLowRank)
+
+
+def test_batched_full_rank_evaluator_writes_what_the_sequential_one_writes():
+    """Greedy: each member's batched episodes are token for token its in-place episodes."""
+    from esopt.population import PopulationContext
+    from esopt.population.batched import BatchedEvaluator
+    from esopt.population.local import LocalEvaluator
+    from esopt.train.evaluate import rollout_spec
+    from esopt.train.tasks import env_factory
+
+    config = load_config("smoke", ["es.sigma=0.2", "es.sigma_schedule=constant", "sampling.temperature=0",
+                                   "es.batched=true"])
+    assert config.es.noise == "normal" and config.population_evaluator == "batched"
+    policy = load_model(config.model, config.env.kwargs)
+    make = env_factory(config)
+    es = ES(policy.model, config.es_config)
+    members, tasks = es.ask(0), [101, 102, 103]
+    spec = rollout_spec(config, make)
+    context = PopulationContext(es, policy, make, config.es.reward)
+    seq = LocalEvaluator(context).evaluate(members, 0.2, tasks, 5, spec)
+    bat = BatchedEvaluator(context).evaluate(members, 0.2, tasks, 5, spec)
+    texts = [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in seq]
+    assert texts == [[[t.token_ids for t in traj.turns] for traj in r.trajectories] for r in bat]
+    assert len({str(t) for t in texts}) > 1  # the members really behave differently
+    assert [r.reward for r in seq] == [r.reward for r in bat]
+
+
+def test_batched_config_takes_dense_noise_and_keeps_the_lowrank_rule():
+    build_config({}, ["es.batched=true"])  # dense noise, every parameter: the full-rank router
+    with pytest.raises(ConfigError, match="noise_others: frozen"):
+        build_config({}, ["es.batched=true", "es.noise=lowrank", "es.noise_others=full"])
