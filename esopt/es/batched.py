@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -133,35 +134,69 @@ def _is_rmsnorm(module: torch.nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
 
 
-def _with_weight(module: torch.nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """What `module` computes on `x` with `w` in place of its weight (the layer kinds `BatchedFullRank` serves)."""
-    if isinstance(module, torch.nn.Embedding):
-        return F.embedding(x, w, module.padding_idx)
+def _rms_normed(module: Any, x: torch.Tensor) -> torch.Tensor:
+    h = x.to(torch.float32)  # LlamaRMSNorm.forward without its weight
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)).to(x.dtype)
+
+
+def _with_weight(module: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What `module` computes on `x` with `w` in place of its weight; `w` may carry a leading member axis G over
+    x's G row blocks (x: (G*k, ...))."""
+    if w.dim() == module.weight.dim():
+        if isinstance(module, torch.nn.Embedding):
+            return F.embedding(x, w, module.padding_idx)
+        if isinstance(module, torch.nn.Linear):
+            return F.linear(x, w, module.bias)
+        return w * _rms_normed(module, x)
+    g = w.shape[0]  # every member's rows in turn: one batched op
+    if isinstance(module, torch.nn.Embedding):  # member m's rows index rows [m*V, (m+1)*V) of the stacked tables
+        vocab = w.shape[1]
+        offset = torch.arange(g, device=x.device).view(g, 1) * vocab
+        return F.embedding((x.reshape(g, -1) + offset).view_as(x), w.reshape(-1, w.shape[-1]))
     if isinstance(module, torch.nn.Linear):
-        return F.linear(x, w, module.bias)
-    h = x.to(torch.float32)  # LlamaRMSNorm.forward, with the member's weight
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
-    return w * h.to(x.dtype)
+        xs = x.reshape(g, -1, x.shape[-1])
+        out = torch.bmm(xs, w.transpose(1, 2)) if module.bias is None else \
+            torch.baddbmm(module.bias.expand(g, 1, -1), xs, w.transpose(1, 2))
+        return out.view(*x.shape[:-1], w.shape[1])
+    normed = _rms_normed(module, x)
+    return (w.unsqueeze(1) * normed.reshape(g, -1, normed.shape[-1])).view_as(normed)
+
+
+def _check_layer(name: str, module: Any) -> None:
+    """Refuse a layer whose own forward is not what `_with_weight` computes (a subclass that scales its output,
+    an RMSNorm of another formula): its rows would silently run another function."""
+    w = module.weight
+    with torch.no_grad():
+        if isinstance(module, torch.nn.Embedding):
+            x = torch.arange(min(3, module.num_embeddings), device=w.device).view(1, -1)
+        else:
+            x = torch.randn(1, 3, w.shape[-1], generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype)
+        same = torch.equal(module(x), _with_weight(module, x, w))
+    if not same:
+        raise ValueError(f"batched full-rank noise: {name} ({type(module).__name__}) does not compute what a plain "
+                         "Linear, Embedding or Llama RMSNorm does; evaluate members one by one (es.batched: false)")
 
 
 class BatchedFullRank:
-    def __init__(self, model: torch.nn.Module, perturbation: GaussianNoise):
+    def __init__(self, model: torch.nn.Module, perturbation: Perturbation):
         if not isinstance(perturbation, GaussianNoise):
             raise ValueError("batched full-rank populations need es.noise: normal")
-        owners: dict[int, list[torch.nn.Module]] = {}
-        for module in model.modules():
+        owners: dict[int, list[tuple[str, torch.nn.Module]]] = {}
+        for mname, module in model.named_modules():
             if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or _is_rmsnorm(module):
-                owners.setdefault(id(module.weight), []).append(module)
+                owners.setdefault(id(module.weight), []).append((mname, module))
         self.targets: list[tuple[int, torch.nn.Module]] = []
         for k, (name, p) in enumerate(perturbation.params):
             if id(p) not in owners:
                 raise ValueError(f"batched full-rank noise serves the weights of Linear, Embedding and RMSNorm layers; "
                                  f"{name} is none of those (narrow es.scope, or evaluate members one by one)")
-            self.targets += [(k, m) for m in owners[id(p)]]
+            for mname, module in owners[id(p)]:
+                _check_layer(mname, module)
+                self.targets.append((k, module))
         self.model, self.perturbation = model, perturbation
         self.weights: dict[int, torch.Tensor] = {}  # parameter k -> (G, *shape): the block's members' copies
         self.rows: list[int] | None = None
-        self.in_order = False  # rows are each member's k rows in turn, every member there: one bmm per Linear
+        self.in_order = False  # rows are each member's k rows in turn, every member there: one op per layer
         self.groups: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}  # per device: (member, its rows)
 
     def set_rows(self, members_of_rows: Sequence[int]) -> None:
@@ -186,9 +221,11 @@ class BatchedFullRank:
     @contextlib.contextmanager
     def members(self, members: Sequence, sigma: float) -> Iterator[BatchedFullRank]:
         """Build the members' perturbed copies for the block; the model is unchanged before and after."""
-        pert: Perturbation = self.perturbation
+        pert = self.perturbation
+        assert isinstance(pert, GaussianNoise)
+        scaled = [(m.seed, sigma * m.sign) for m in members]
         for k in range(len(pert.params)):
-            self.weights[k] = torch.stack([pert.member_weights(k, m.seed, sigma * m.sign) for m in members])
+            self.weights[k] = pert.member_weights(k, scaled)
         handles = [module.register_forward_hook(self._hook(k)) for k, module in self.targets]
         try:
             yield self
@@ -198,6 +235,7 @@ class BatchedFullRank:
             self.weights, self.rows, self.in_order, self.groups = {}, None, False, {}
 
     def _hook(self, k: int):
+        # the module's own output is computed, then replaced (a hook keeps the model's code as it is)
         def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
             if self.rows is None:
                 raise RuntimeError("BatchedFullRank: set_rows() before the forward pass")
@@ -205,10 +243,9 @@ class BatchedFullRank:
                 raise RuntimeError(f"BatchedFullRank: a batch of {output.shape[0]} rows, but rows were set for "
                                    f"{len(self.rows)}")
             x, w = inputs[0], self.weights[k]
-            if self.in_order and isinstance(module, torch.nn.Linear) and module.bias is None:
-                groups = w.shape[0]  # (G, k*T, in) @ (G, in, out): every member's rows in one product
-                return torch.bmm(x.reshape(groups, -1, x.shape[-1]), w.transpose(1, 2)).view_as(output)
-            for m, idx in self._groups(output.device):  # the module's own output, overwritten member by member
+            if self.in_order:
+                return _with_weight(module, x, w).view_as(output)
+            for m, idx in self._groups(output.device):  # member by member, into the module's own output
                 output[idx] = _with_weight(module, x[idx], w[m])
             return output
 

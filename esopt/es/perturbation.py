@@ -243,18 +243,23 @@ class GaussianNoise(Perturbation):
             flat[s:e].copy_(flat[s:e].float().add_(eps, alpha=scale))
 
     @torch.no_grad()
-    def member_weights(self, k: int, seed: int, scale: float) -> torch.Tensor:
-        """Parameter k as the member (seed, scale) has it, as a new tensor in the weights' dtype, built from the
-        parameter's exact fp32 value where one is kept (its master, or its bf16 weights joined with their low
-        bits), else from the weights; the weights stay untouched (a batched full-rank population stacks these)."""
+    def member_weights(self, k: int, members: Sequence[tuple[int, float]]) -> torch.Tensor:
+        """Parameter k as each (seed, scale) member has it, stacked (G, *shape) in the weights' dtype; the weights
+        stay untouched (a batched full-rank population runs each row on its member's copy). Built from the
+        parameter's exact fp32 value where one is kept (the master, or bf16 weights joined with their low bits:
+        the values an in-place member writes from an fp32 master), else from the weights. Chunk by chunk: the
+        base moves to the device once and each seed's noise is drawn once (an antithetic pair shares it)."""
         name, p = self.params[k]
-        out = torch.empty_like(p.data)
-        flat = out.view(-1)
-        for s, e, eps in self.chunks(seed, name, p.numel(), p.device):
+        out = torch.empty((len(members), p.numel()), dtype=p.dtype, device=p.device)
+        for j, s, e in self.noise.bounds(p.numel()):
             base = self.exact_value(k, s, e)
             base = p.data.view(-1)[s:e].float() if base is None else base.to(p.device)
-            flat[s:e].copy_(torch.add(base, eps, alpha=scale))
-        return out
+            for seed in dict.fromkeys(seed for seed, _ in members):
+                eps = self.draw(seed, name, j, e - s, p.device)
+                for i, (other, scale) in enumerate(members):
+                    if other == seed:
+                        out[i, s:e].copy_(torch.add(base, eps, alpha=scale))
+        return out.view(len(members), *p.shape)
 
     @torch.no_grad()
     def combine(self, coefs: dict[int, float]) -> list[torch.Tensor]:

@@ -51,10 +51,56 @@ def build(shape: str, dtype: torch.dtype, device: torch.device):
     return model
 
 
-def measure(shape: str, members: int, batch: int, prompt_tokens: int, new_tokens: int, rank: int,
-            dtype: torch.dtype, device: torch.device) -> dict:
-    from esopt.es import ES, ESConfig
+ES_MODES = ("full-rank", "full-rank batched", "low-rank in place", "low-rank batched")
+
+
+def time_in_place(es, decode, ids: torch.Tensor, members: int, batch: int, device: torch.device) -> dict:
+    """One generation member by member: perturb in place, decode the batch, restore; then the update."""
+    split = {"perturb": 0.0, "restore": 0.0, "update": 0.0}
+    sync(device)
+    t0 = time.perf_counter()
+    for member in es.ask(0):
+        t = time.perf_counter()
+        with es.perturbed(member):
+            sync(device)
+            split["perturb"] += time.perf_counter() - t
+            decode(ids)
+            t = time.perf_counter()
+        sync(device)
+        split["restore"] += time.perf_counter() - t
+    t = time.perf_counter()
+    es.tell([float(i % 3) for i in range(members)])
+    sync(device)
+    split["update"] += time.perf_counter() - t
+    return {"seconds": time.perf_counter() - t0, **{k: v / members for k, v in split.items()}}
+
+
+def time_batched(es, decode, ids: torch.Tensor, members: int, batch: int, device: torch.device) -> dict:
+    """All members' rows in one generate, as batched training runs them (no fp32 master): low-rank terms added
+    per row, or each member's dense copy built first (that build is the perturb column); then the update."""
+    from esopt.es import ES
     from esopt.es.batched import member_router
+
+    es = ES(es.model, es.config.model_copy(update={"restore": "none"}))
+    host = member_router(es.model, es.perturbation)
+    pop = es.ask(1)
+    sync(device)
+    t0 = time.perf_counter()
+    with host.members(pop, es.config.sigma):
+        sync(device)
+        built = time.perf_counter() - t0
+        host.set_rows([i for i in range(members) for _ in range(batch)])
+        decode(ids.repeat(members, 1))
+    t = time.perf_counter()
+    es.tell([float(i % 3) for i in range(members)])
+    sync(device)
+    return {"seconds": time.perf_counter() - t0, "restore": None, "update": (time.perf_counter() - t) / members,
+            "perturb": built / members if es.config.noise == "normal" else None}
+
+
+def measure(shape: str, members: int, batch: int, prompt_tokens: int, new_tokens: int, rank: int,
+            dtype: torch.dtype, device: torch.device, modes: tuple[str, ...] = ES_MODES) -> dict:
+    from esopt.es import ES, ESConfig
 
     model = build(shape, dtype, device)
     params = sum(p.numel() for p in model.parameters())
@@ -81,48 +127,12 @@ def measure(shape: str, members: int, batch: int, prompt_tokens: int, new_tokens
     sync(device)
     rows.append({"mode": "inference, one call", "seconds": time.perf_counter() - t})
     master = "cpu" if device.type == "cpu" else str(device)
-    for mode, noise in (("full-rank", "normal"), ("low-rank in place", "lowrank")):
-        es = ES(model, ESConfig(population_size=members, antithetic=True, sigma=1e-3, sigma_schedule="constant",
-                                alpha=1e-4, noise=noise, noise_rank=rank, master_device=master))
-        split = {"perturb": 0.0, "restore": 0.0, "update": 0.0}
-        sync(device)
-        t0 = time.perf_counter()
-        for member in es.ask(0):
-            t = time.perf_counter()
-            cm = es.perturbed(member)
-            cm.__enter__()
-            sync(device)
-            split["perturb"] += time.perf_counter() - t
-            decode(ids)
-            t = time.perf_counter()
-            cm.__exit__(None, None, None)
-            sync(device)
-            split["restore"] += time.perf_counter() - t
-        t = time.perf_counter()
-        es.tell([float(i % 3) for i in range(members)])
-        sync(device)
-        split["update"] += time.perf_counter() - t
-        rows.append({"mode": mode, "seconds": time.perf_counter() - t0,
-                     **{k: v / members for k, v in split.items()}})
-        # all members' rows in one generate, as batched training runs them (no fp32 master): low-rank terms
-        # added per row, or (full-rank) every member's dense copy built first, its build counted as perturb
-        es = ES(model, es.config.model_copy(update={"restore": "none"}))
-        host = member_router(model, es.perturbation)
-        pop = es.ask(1)
-        sync(device)
-        t0 = time.perf_counter()
-        with host.members(pop, 1e-3):
-            sync(device)
-            built = time.perf_counter() - t0
-            host.set_rows([i for i in range(members) for _ in range(batch)])
-            decode(ids.repeat(members, 1))
-        t = time.perf_counter()
-        es.tell([float(i % 3) for i in range(members)])
-        sync(device)
-        rows.append({"mode": f"{mode.split()[0]} batched", "seconds": time.perf_counter() - t0,
-                     "perturb": built / members if noise == "normal" else None, "restore": None,
-                     "update": (time.perf_counter() - t) / members})
-        del es, host
+    for mode in modes:
+        config = ESConfig(population_size=members, antithetic=True, sigma=1e-3, sigma_schedule="constant",
+                          alpha=1e-4, noise="normal" if mode.startswith("full") else "lowrank", noise_rank=rank,
+                          master_device=master)
+        timer = time_batched if mode.endswith("batched") else time_in_place
+        rows.append({"mode": mode, **timer(ES(model, config), decode, ids, members, batch, device)})
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"shape": shape, "params": params, "rows": rows}
@@ -158,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--device", default="auto", help="auto: cuda when available")
+    p.add_argument("--modes", nargs="+", choices=ES_MODES, default=list(ES_MODES),
+                   help="ES modes to time beside inference (full-rank batched holds a perturbed copy per member)")
     args = p.parse_args(argv)
     if args.members < 2 or args.members % 2:
         raise ValueError("--members must be an even number >= 2")
@@ -169,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for shape in args.shapes:
         results.append(measure(shape, args.members, args.batch, args.prompt_tokens, args.new_tokens, args.rank,
-                               dtype, device))
+                               dtype, device, tuple(args.modes)))
         print(report(results[-1:], args), flush=True)
     print(report(results, args))
     return 0

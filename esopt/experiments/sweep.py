@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +33,10 @@ def train_in_process(run: Path, resume: bool, progress: bool) -> int:
     config = load_config(run / "config.yaml")
     summary = trainer(config.algo)(config, run, resume=resume, progress=progress)
     return 130 if summary.get("interrupted") else 0
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run's own process was interrupted (exit code 130), not necessarily this one: its siblings get SIGINT."""
 
 
 def child_command(run: Path, resume: bool, progress: bool) -> list[str]:
@@ -99,7 +104,7 @@ def run_sweep(configs: dict, root: Path, resume: bool = False, isolate: bool = F
 
     def finish(name: str, run: Path, rc: int, seconds: float) -> None:
         if rc == 130:
-            raise KeyboardInterrupt
+            raise RunInterrupted(name)
         if rc or not (run / "summary.json").exists():
             failed.append(name)
             where = f"; its log: {run / 'train.log'}" if jobs > 1 else ""
@@ -120,7 +125,9 @@ def run_sweep(configs: dict, root: Path, resume: bool = False, isolate: bool = F
 
 def run_parallel(todo: list[tuple], jobs: int, threads: int, progress: bool, finish, t0: float) -> None:
     """Keep `jobs` isolated runs going until `todo` ((start line, name, run dir, resume) each) is done; each
-    logs to its run dir's train.log; `finish(name, run, exit code, seconds)` as each ends."""
+    logs to its run dir's train.log; `finish(name, run, exit code, seconds)` as each ends. If anything stops the
+    sweep (Ctrl-C, a run interrupted, an error), no new run starts, the running ones are interrupted as Ctrl-C
+    would (each saves its checkpoint; a terminal's Ctrl-C has already reached them) and waited for."""
     pending, running = list(todo), {}  # running: Popen -> (name, run, start time)
     try:
         while pending or running:
@@ -135,8 +142,14 @@ def run_parallel(todo: list[tuple], jobs: int, threads: int, progress: bool, fin
                 print(f"{name}: done (exit code {proc.returncode}) | {time.perf_counter() - t0:.0f}s elapsed",
                       flush=True)
                 finish(name, run, proc.returncode, time.perf_counter() - t)
-    except KeyboardInterrupt:
-        wait_all(list(running))
+    except BaseException as e:
+        if running:
+            if not isinstance(e, KeyboardInterrupt) or isinstance(e, RunInterrupted):
+                for proc in running:
+                    proc.send_signal(signal.SIGINT)
+            print(f"stopping: waiting for {', '.join(n for n, _, _ in running.values())} to save and exit",
+                  file=sys.stderr, flush=True)
+            wait_all(list(running))
         raise
 
 

@@ -335,7 +335,9 @@ def measure(setup: Setup, progress: bool = True) -> dict:
         if progress:
             print("  " + " | ".join(f"{m}: var {r['var']:.3e} rel {r['rel_var']:.2f}" for m in METHODS
                                     for r in rows[-2:] if r["method"] == m), flush=True)
-    return {"setup": asdict(setup), "dim": dim, "seconds": time.perf_counter() - t0, "rows": rows,
+    # the device kind the noise was drawn on ("auto" resolved; cuda:0 and cuda:1 draw alike): what --merge compares
+    return {"setup": {**asdict(setup), "device": torch.device(policy.device).type}, "dim": dim,
+            "seconds": time.perf_counter() - t0, "rows": rows,
             "fits": fits_per_method(rows)}
 
 

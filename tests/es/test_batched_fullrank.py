@@ -19,14 +19,55 @@ def test_member_weights_are_what_the_in_place_member_writes(dtype):
     model, _ = build_tiny_model(seed=2)
     model.to(dtype)
     es = _es(model)  # restore "exact": perturbed weights are written from the fp32 master
-    member = es.ask()[1]
-    built = [es.perturbation.member_weights(k, member.seed, 0.05 * member.sign)
-             for k in range(len(es.perturbation.params))]
-    before = [p.detach().clone() for _, p in es.perturbation.params]
-    with es.perturbed(member):
-        for (name, p), w in zip(es.perturbation.params, built):
-            assert w.dtype == dtype and torch.equal(w, p.detach()), name
-    assert all(torch.equal(b, p.detach()) for b, (_, p) in zip(before, es.perturbation.params))
+    members = es.ask()
+    pert = es.perturbation
+    built = [pert.member_weights(k, [(m.seed, 0.05 * m.sign) for m in members]) for k in range(len(pert.params))]
+    before = [p.detach().clone() for _, p in pert.params]
+    for i, member in enumerate(members):
+        with es.perturbed(member):
+            for (name, p), w in zip(pert.params, built):
+                assert w.dtype == dtype and torch.equal(w[i], p.detach()), name
+    assert all(torch.equal(b, p.detach()) for b, (_, p) in zip(before, pert.params))
+
+
+def test_member_weights_without_a_master_match_a_master_run_after_updates():
+    """restore "none" (what batched runs use) keeps bf16 weights and their low bits: after the same updates its
+    members' copies are those an fp32-master run writes in place, bit for bit."""
+    exact_model, _ = build_tiny_model(seed=2)
+    lean_model, _ = build_tiny_model(seed=2)
+    exact_model.to(torch.bfloat16), lean_model.to(torch.bfloat16)
+    exact, lean = _es(exact_model, alpha=0.05), _es(lean_model, alpha=0.05, restore="none")
+    for g in range(2):
+        for es in (exact, lean):
+            es.ask(g)
+            es.tell([0.1, 0.7, 0.3, 0.9])
+    members = exact.ask(2)
+    assert [(m.seed, m.sign) for m in members] == [(m.seed, m.sign) for m in lean.ask(2)]
+    pert = lean.perturbation
+    for k, (name, _) in enumerate(pert.params):
+        built = pert.member_weights(k, [(m.seed, 0.05 * m.sign) for m in members])
+        for i, member in enumerate(members):
+            with exact.perturbed(member):
+                assert torch.equal(built[i], exact.perturbation.params[k][1].detach()), (name, i)
+
+
+def test_stacked_weights_serve_every_member_block_in_one_op():
+    """Linear (with a frozen bias), Embedding and RMSNorm on rows in member blocks, with a member axis on the
+    weight: each block as if its member's weight were the module's own."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from esopt.es.batched import _with_weight
+
+    gen = torch.Generator().manual_seed(0)
+    linear, embedding, norm = torch.nn.Linear(5, 3), torch.nn.Embedding(11, 5), LlamaRMSNorm(5)
+    for module, x in ((linear, torch.randn(4, 2, 5, generator=gen)), (embedding, torch.randint(0, 11, (4, 2))),
+                      (norm, torch.randn(4, 2, 5, generator=gen))):
+        w = module.weight.detach() + torch.randn(2, *module.weight.shape, generator=gen)  # 2 members, 2 rows each
+        both = _with_weight(module, x, w)
+        for m in range(2):
+            torch.testing.assert_close(both[2 * m:2 * m + 2], _with_weight(module, x[2 * m:2 * m + 2], w[m]))
+        with torch.no_grad():
+            torch.testing.assert_close(_with_weight(module, x, module.weight), module(x))
 
 
 @pytest.mark.parametrize("rows", [[0, 0, 1, 1, 2, 2, 3, 3],  # every member's rows in turn: one bmm per Linear
@@ -54,10 +95,19 @@ def test_batched_forward_equals_each_member_written_in(rows):
         model(ids)
 
 
+class ScaledEmbedding(torch.nn.Embedding):
+    def forward(self, ids):
+        return super().forward(ids) * 2.0
+
+
 def test_batched_full_rank_serves_only_layers_it_knows():
     model, _ = build_tiny_model(seed=3)
     model.extra = torch.nn.Conv1d(2, 2, 1)  # a parameter of a layer kind the router cannot split by rows
     with pytest.raises(ValueError, match="extra.weight is none of those"):
+        BatchedFullRank(model, _es(model).perturbation)
+    model, _ = build_tiny_model(seed=3)
+    model.extra = ScaledEmbedding(4, 2)  # an Embedding by type, but not by what it computes
+    with pytest.raises(ValueError, match="extra .ScaledEmbedding. does not compute"):
         BatchedFullRank(model, _es(model).perturbation)
     assert isinstance(member_router(model, _es(model, noise="lowrank").perturbation), BatchedLowRank)
 

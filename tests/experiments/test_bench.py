@@ -248,6 +248,10 @@ def test_gpu_benchmark_runs_on_cpu_at_a_tiny_shape(capsys):
     out = capsys.readouterr().out
     for mode in ("inference", "full-rank", "full-rank batched", "low-rank in place", "low-rank batched"):
         assert f"| {mode} |" in out
+    assert gpu.main(["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--members", "2", "--batch", "2",
+                     "--prompt-tokens", "4", "--new-tokens", "3", "--modes", "full-rank batched"]) == 0
+    out = capsys.readouterr().out
+    assert "| full-rank batched |" in out and "| full-rank |" not in out and "| low-rank batched |" not in out
 
 
 @pytest.mark.slow

@@ -38,11 +38,22 @@ def test_an_isolated_run_reports_progress_in_its_log_only_when_asked(tmp_path, m
 
 
 FAKE_CHILD = """
-import pathlib, sys, time
+import pathlib, signal, sys, time
 run = pathlib.Path(sys.argv[1])
+
+def interrupted(*_):
+    (run / "interrupted").write_text("SIGINT")
+    sys.exit(130)
+
+signal.signal(signal.SIGINT, interrupted)
 print("child of", run.name, flush=True)
 (run / "start").write_text(repr(time.time()))
-time.sleep(0.4)
+deadline = time.time() + 10
+while len(list(run.parent.glob("*/start"))) < 2 and time.time() < deadline:  # until a sibling runs too
+    time.sleep(0.01)
+if run.name == "quit":
+    sys.exit(130)
+time.sleep(30 if run.name == "slow" else 0.05)
 (run / "end").write_text(repr(time.time()))
 if run.name != "bad":
     (run / "summary.json").write_text("{}")
@@ -50,14 +61,18 @@ sys.exit(1 if run.name == "bad" else 0)
 """
 
 
-def test_parallel_runs_keep_jobs_going_each_with_its_log_and_a_failure_stays_local(tmp_path, monkeypatch, capsys):
+def _fake_children(tmp_path, monkeypatch):
     import sys
-
-    import pytest
 
     script = tmp_path / "child.py"
     script.write_text(FAKE_CHILD)
     monkeypatch.setattr(sweep, "child_command", lambda run, resume, progress: [sys.executable, str(script), str(run)])
+
+
+def test_parallel_runs_keep_jobs_going_each_with_its_log_and_a_failure_stays_local(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    _fake_children(tmp_path, monkeypatch)
     config = load_config("smoke", ["model.name=tiny"])
     names = ["a", "b", "bad", "c", "d"]
     assert sweep.run_sweep({n: config for n in names}, tmp_path / "runs", isolate=True, jobs=2) == ["bad"]
@@ -74,3 +89,18 @@ def test_parallel_runs_keep_jobs_going_each_with_its_log_and_a_failure_stays_loc
     assert f"its log: {tmp_path / 'runs' / 'bad' / 'train.log'}" in err
     with pytest.raises(ValueError, match="only with isolated runs"):
         sweep.run_sweep({"a": config}, tmp_path / "other", jobs=2)
+
+
+def test_a_run_interrupted_on_its_own_stops_the_sweep_and_its_siblings_save(tmp_path, monkeypatch, capsys):
+    """A run that exits 130 (its own Ctrl-C) stops the sweep: the running sibling gets SIGINT (to save its
+    checkpoint and exit) and is waited for, and no further run starts."""
+    import pytest
+
+    _fake_children(tmp_path, monkeypatch)
+    config = load_config("smoke", ["model.name=tiny"])
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep({n: config for n in ("quit", "slow", "later")}, tmp_path / "runs", isolate=True, jobs=2)
+    runs = tmp_path / "runs"
+    assert (runs / "slow" / "interrupted").read_text() == "SIGINT" and not (runs / "slow" / "end").exists()
+    assert not (runs / "later" / "start").exists()  # never started
+    assert "waiting for slow to save and exit" in capsys.readouterr().err
