@@ -107,33 +107,6 @@ def test_lowrank_training_replays_bit_exactly(tmp_path):
         assert torch.equal(p.detach(), trained[name]), name
 
 
-@pytest.mark.parametrize("rows", [[0, 1, 2, 3, 1, 2],  # any rows: factors gathered per row
-                                  [0, 0, 1, 1, 2, 2, 3, 3],  # every member in blocks, in order: no copy
-                                  [3, 3, 3, 1, 1, 1]])  # blocks of some members: factors gathered per member
-def test_batched_forward_equals_explicitly_perturbed_weights(rows):
-    """Rows of one batch, each its own member, match the model with that member's weights written in."""
-    from esopt.es.batched import BatchedLowRank
-    from esopt.models.tiny import build_tiny_model
-
-    model, _ = build_tiny_model(seed=3)  # tied embedding / LM head: both paths of the hook
-    es = ES(model, ESConfig(population_size=4, antithetic=True, sigma=0.05, sigma_schedule="constant",
-                            noise="lowrank", noise_rank=2))
-    members = es.ask()
-    ids = torch.randint(4, 90, (len(rows), 7), generator=torch.Generator().manual_seed(0))
-    host = BatchedLowRank(model, es.perturbation)
-    with torch.no_grad(), host.members(members, 0.05):
-        host.set_rows(rows)
-        batched = model(ids).logits
-    with torch.no_grad():
-        plain = model(ids).logits
-    for r, m in enumerate(rows):
-        with torch.no_grad(), es.perturbed(members[m]):
-            expected = model(ids[r : r + 1]).logits[0]
-        torch.testing.assert_close(batched[r], expected, rtol=1e-4, atol=1e-5)
-        assert not torch.allclose(batched[r], plain[r], atol=1e-4)  # the member's term is really there
-    torch.testing.assert_close(model(ids).logits, plain)  # hooks gone: the base model again
-
-
 def test_rows_in_blocks_are_recognised_only_when_exact():
     from esopt.es.batched import _blocks
 

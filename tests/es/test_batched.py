@@ -1,4 +1,5 @@
-"""Batched full-rank members: every batch row runs on its own member's dense perturbed copy of the weights."""
+"""Batched members: every batch row runs with its own member's weights, low-rank terms added per row or the
+member's dense perturbed copy (full-rank)."""
 
 import pytest
 import torch
@@ -70,16 +71,17 @@ def test_stacked_weights_serve_every_member_block_in_one_op():
             torch.testing.assert_close(_with_weight(module, x, module.weight), module(x))
 
 
-@pytest.mark.parametrize("rows", [[0, 0, 1, 1, 2, 2, 3, 3],  # every member's rows in turn: one bmm per Linear
-                                  [0, 1, 2, 3, 1, 2],  # any rows: member by member
+@pytest.mark.parametrize("noise, kind", [("normal", BatchedFullRank), ("lowrank", BatchedLowRank)])
+@pytest.mark.parametrize("rows", [[0, 0, 1, 1, 2, 2, 3, 3],  # every member's rows in turn: one op per layer
+                                  [0, 1, 2, 3, 1, 2],  # any rows: member by member (low-rank: per row)
                                   [3, 3, 1, 1]])  # blocks of some members
-def test_batched_forward_equals_each_member_written_in(rows):
+def test_batched_forward_equals_each_member_written_in(rows, noise, kind):
     model, _ = build_tiny_model(seed=3)  # tied embedding / LM head, RMSNorm weights: every kind of layer
-    es = _es(model)
+    es = _es(model, noise=noise, noise_rank=2)
     members = es.ask()
     ids = torch.randint(4, 90, (len(rows), 7), generator=torch.Generator().manual_seed(0))
     host = member_router(model, es.perturbation)
-    assert isinstance(host, BatchedFullRank)
+    assert isinstance(host, kind)
     with torch.no_grad():
         plain = model(ids).logits
         with host.members(members, 0.05):
