@@ -123,12 +123,32 @@ def run_sweep(configs: dict, root: Path, resume: bool = False, isolate: bool = F
     return failed
 
 
+def steps_done(run: Path) -> int:
+    """Training steps a run has logged so far (its metrics.jsonl's train lines)."""
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    done = 0
+    for line in lines:
+        try:
+            done += json.loads(line).get("kind") == "train"
+        except (json.JSONDecodeError, AttributeError):  # a line being written, or not a row
+            pass
+    return done
+
+
+STATUS_EVERY = 60.0  # seconds between parallel runs' status lines
+
+
 def run_parallel(todo: list[tuple], jobs: int, threads: int, progress: bool, finish, t0: float) -> None:
     """Keep `jobs` isolated runs going until `todo` ((start line, name, run dir, resume) each) is done; each
     logs to its run dir's train.log; `finish(name, run, exit code, seconds)` as each ends. If anything stops the
     sweep (Ctrl-C, a run interrupted, an error), no new run starts, the running ones are interrupted as Ctrl-C
-    would (each saves its checkpoint; a terminal's Ctrl-C has already reached them) and waited for."""
+    would (each saves its checkpoint; a terminal's Ctrl-C has already reached them) and waited for. Every
+    STATUS_EVERY seconds a line says how far each running run is."""
     pending, running = list(todo), {}  # running: Popen -> (name, run, start time)
+    total, told = len(todo), time.perf_counter()
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -137,6 +157,11 @@ def run_parallel(todo: list[tuple], jobs: int, threads: int, progress: bool, fin
                 running[start_child(run, cont, threads, progress, log=run / "train.log")] = \
                     (name, run, time.perf_counter())
             time.sleep(0.2)
+            if running and time.perf_counter() - told >= STATUS_EVERY:
+                told = time.perf_counter()
+                where = ", ".join(f"{n} step {steps_done(r)}" for n, r, _ in running.values())
+                print(f"{total - len(pending) - len(running)}/{total} runs ended | running: {where} | "
+                      f"{told - t0:.0f}s elapsed", flush=True)
             for proc in [p for p in running if p.poll() is not None]:
                 name, run, t = running.pop(proc)
                 print(f"{name}: done (exit code {proc.returncode}) | {time.perf_counter() - t0:.0f}s elapsed",

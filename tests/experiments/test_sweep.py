@@ -1,5 +1,6 @@
-"""The sweep runner's isolated child: a fresh process per run, which reports progress only when asked."""
+"""The sweep runner: a fresh process per run (progress only when asked), several at once (--jobs), stopping cleanly."""
 
+import json
 import subprocess
 
 from esopt.experiments import sweep
@@ -73,6 +74,7 @@ def test_parallel_runs_keep_jobs_going_each_with_its_log_and_a_failure_stays_loc
     import pytest
 
     _fake_children(tmp_path, monkeypatch)
+    monkeypatch.setattr(sweep, "STATUS_EVERY", 0.0)  # a status line at every poll
     config = load_config("smoke", ["model.name=tiny"])
     names = ["a", "b", "bad", "c", "d"]
     assert sweep.run_sweep({n: config for n in names}, tmp_path / "runs", isolate=True, jobs=2) == ["bad"]
@@ -86,6 +88,10 @@ def test_parallel_runs_keep_jobs_going_each_with_its_log_and_a_failure_stays_loc
     running = [sum(s <= t < e for s, e in spans) for t, _ in spans]  # runs alive as each one starts
     assert max(running) == 2  # two at a time, never three
     assert "d: done (exit code 0)" in out and "bad failed (exit code 1)" in err
+    assert "0/5 runs ended | running: a step 0, b step 0" in out
+    rows = [{"kind": "eval"}, {"kind": "train"}, {"kind": "train"}]
+    (tmp_path / "runs" / "a" / "metrics.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in rows) + '{"ki')
+    assert sweep.steps_done(tmp_path / "runs" / "a") == 2 and sweep.steps_done(tmp_path / "none") == 0
     assert f"its log: {tmp_path / 'runs' / 'bad' / 'train.log'}" in err
     with pytest.raises(ValueError, match="only with isolated runs"):
         sweep.run_sweep({"a": config}, tmp_path / "other", jobs=2)
