@@ -33,6 +33,7 @@ BATCH = ("tests/serve/test_serve.py::test_requests_waiting_together_share_one_ca
          "tests/serve/test_serve.py::test_n_sampled_choices_and_seed",
          "tests/serve/test_serve.py::test_a_seeded_request_is_not_changed_by_concurrent_ones")
 SANDBOX = ("tests/sandbox/test_sandbox.py",)
+BATCHED = "tests/es/test_batched.py"
 
 SHAPING, PERTURB, LEDGER = "esopt/es/shaping.py", "esopt/es/perturbation.py", "esopt/es/ledger.py"
 SKILLS, COEVO, BATCHER = "esopt/prompt/skills.py", "esopt/train/coevolution.py", "esopt/serve/batcher.py"
@@ -168,4 +169,17 @@ SABOTAGES: list[Sabotage] = [
              "timed_out = wait_then_kill_group(proc, 30 * timeout)", "the wall-clock limit not enforced", SANDBOX),
     Sabotage("sandbox", SANDBOX_API, "        if first:\n", "        if False:\n",
              "the weak backend chosen without a warning", SANDBOX),
+    # --- es/batched (full-rank) and the parallel sweep
+    Sabotage("es/batched", "esopt/es/batched.py", "offset = torch.arange(g, device=x.device).view(g, 1) * vocab",
+             "offset = torch.arange(g, device=x.device).view(g, 1) * 0",
+             "member-ordered rows all read member 0's embedding table", (BATCHED,)),
+    Sabotage("es/batched", "esopt/es/batched.py", "output[idx] = _with_weight(module, x[idx], w[m])",
+             "output[idx] = _with_weight(module, x[idx], w[0])", "scattered rows all run on member 0's weights",
+             (BATCHED,)),
+    Sabotage("es/batched", PERTURB, "out[i, s:e].copy_(torch.add(base, eps, alpha=scale))",
+             "out[i, s:e].copy_(torch.add(base, eps, alpha=abs(scale)))",
+             "a batched member's copy loses its antithetic sign", (BATCHED,)),
+    Sabotage("experiments/sweep", "esopt/experiments/sweep.py", "while pending and len(running) < jobs:",
+             "while pending and len(running) <= jobs:", "one run more than --jobs at once",
+             ("tests/experiments/test_sweep.py",)),
 ]
