@@ -226,30 +226,41 @@ class BatchedFullRank:
         scaled = [(m.seed, sigma * m.sign) for m in members]
         for k in range(len(pert.params)):
             self.weights[k] = pert.member_weights(k, scaled)
-        handles = [module.register_forward_hook(self._hook(k)) for k, module in self.targets]
+        # each target's forward replaced for the block (an instance attribute over the class's method, or over
+        # one set before, e.g. by accelerate), so the base weights' product is not computed only to be discarded
+        own = [module.__dict__.get("forward") for _, module in self.targets]
+        for k, module in self.targets:
+            module.forward = self._forward(k, module)
         try:
             yield self
         finally:
-            for h in handles:
-                h.remove()
+            for (_, module), before in zip(self.targets, own):
+                if before is None:
+                    del module.forward
+                else:
+                    module.forward = before
             self.weights, self.rows, self.in_order, self.groups = {}, None, False, {}
 
-    def _hook(self, k: int):
-        # the module's own output is computed, then replaced (a hook keeps the model's code as it is)
-        def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    def _forward(self, k: int, module: torch.nn.Module):
+        def forward(x: torch.Tensor) -> torch.Tensor:
             if self.rows is None:
                 raise RuntimeError("BatchedFullRank: set_rows() before the forward pass")
-            if output.shape[0] != len(self.rows):
-                raise RuntimeError(f"BatchedFullRank: a batch of {output.shape[0]} rows, but rows were set for "
+            if x.shape[0] != len(self.rows):
+                raise RuntimeError(f"BatchedFullRank: a batch of {x.shape[0]} rows, but rows were set for "
                                    f"{len(self.rows)}")
-            x, w = inputs[0], self.weights[k]
+            w = self.weights[k]
             if self.in_order:
-                return _with_weight(module, x, w).view_as(output)
-            for m, idx in self._groups(output.device):  # member by member, into the module's own output
-                output[idx] = _with_weight(module, x[idx], w[m])
-            return output
+                return _with_weight(module, x, w)
+            out: torch.Tensor | None = None
+            for m, idx in self._groups(x.device):  # member by member
+                y = _with_weight(module, x[idx], w[m])
+                if out is None:
+                    out = y.new_empty((x.shape[0], *y.shape[1:]))
+                out[idx] = y
+            assert out is not None
+            return out
 
-        return hook
+        return forward
 
 
 def member_router(model: torch.nn.Module, perturbation: Perturbation) -> BatchedLowRank | BatchedFullRank:

@@ -82,6 +82,7 @@ def test_batched_forward_equals_each_member_written_in(rows, noise, kind):
     ids = torch.randint(4, 90, (len(rows), 7), generator=torch.Generator().manual_seed(0))
     host = member_router(model, es.perturbation)
     assert isinstance(host, kind)
+    own = model.lm_head.forward = torch.nn.Linear.forward.__get__(model.lm_head)  # one set before (accelerate)
     with torch.no_grad():
         plain = model(ids).logits
         with host.members(members, 0.05):
@@ -95,6 +96,8 @@ def test_batched_forward_equals_each_member_written_in(rows, noise, kind):
     torch.testing.assert_close(model(ids).logits, plain)  # hooks gone: the base model again
     with host.members(members, 0.05), pytest.raises(RuntimeError, match="set_rows"):
         model(ids)
+    assert model.lm_head.__dict__.pop("forward") is own  # the block put back what it found
+    assert all("forward" not in m.__dict__ for m in model.modules())  # none left replaced, also after an error
 
 
 class ScaledEmbedding(torch.nn.Embedding):
