@@ -30,6 +30,16 @@ import torch.nn.functional as F
 from esopt.es.perturbation import GaussianNoise, LowRankNoise, Perturbation
 
 
+def weight_owners(model: torch.nn.Module, serves) -> dict[int, list[tuple[str, torch.nn.Module]]]:
+    """id(weight) -> the (name, module)s a batched kind `serves` that use it (a tied LM head shares the
+    embedding's weight: both are listed)."""
+    owners: dict[int, list[tuple[str, torch.nn.Module]]] = {}
+    for name, module in model.named_modules():
+        if serves(module):
+            owners.setdefault(id(module.weight), []).append((name, module))
+    return owners
+
+
 class BatchedLowRank:
     def __init__(self, model: torch.nn.Module, perturbation: LowRankNoise):
         if not isinstance(perturbation, LowRankNoise):
@@ -37,16 +47,13 @@ class BatchedLowRank:
         if any(p.dim() != 2 for _, p in perturbation.params):
             raise ValueError("batched populations need es.noise_others: frozen (dense noise cannot be batched)")
         self.model, self.perturbation = model, perturbation
-        owners: dict[int, list[torch.nn.Module]] = {}
-        for module in model.modules():
-            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-                owners.setdefault(id(module.weight), []).append(module)
+        owners = weight_owners(model, lambda m: isinstance(m, (torch.nn.Linear, torch.nn.Embedding)))
         self.targets: list[tuple[str, torch.nn.Module]] = []
         for name, p in perturbation.params:
             if id(p) not in owners:
                 raise ValueError(f"batched low-rank noise supports Linear and Embedding weights only; {name} is "
                                  "neither (narrow es.scope, or evaluate members one by one)")
-            self.targets += [(name, m) for m in owners[id(p)]]
+            self.targets += [(name, m) for _, m in owners[id(p)]]
         self.rows: torch.Tensor | None = None
         # per matrix, members stacked: A (G, r, out), B (G, in, r); and each member's scale sigma*sign/sqrt(r)
         self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -181,10 +188,8 @@ class BatchedFullRank:
     def __init__(self, model: torch.nn.Module, perturbation: Perturbation):
         if not isinstance(perturbation, GaussianNoise):
             raise ValueError("batched full-rank populations need es.noise: normal")
-        owners: dict[int, list[tuple[str, torch.nn.Module]]] = {}
-        for mname, module in model.named_modules():
-            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or _is_rmsnorm(module):
-                owners.setdefault(id(module.weight), []).append((mname, module))
+        owners = weight_owners(model, lambda m: isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
+                               or _is_rmsnorm(m))
         self.targets: list[tuple[int, torch.nn.Module]] = []
         for k, (name, p) in enumerate(perturbation.params):
             if id(p) not in owners:

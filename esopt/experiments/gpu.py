@@ -76,12 +76,11 @@ def time_in_place(es, decode, ids: torch.Tensor, members: int, batch: int, devic
 
 
 def time_batched(es, decode, ids: torch.Tensor, members: int, batch: int, device: torch.device) -> dict:
-    """All members' rows in one generate, as batched training runs them (no fp32 master): low-rank terms added
-    per row, or each member's dense copy built first (that build is the perturb column); then the update."""
-    from esopt.es import ES
+    """All members' rows in one generate, as batched training runs them (`es` without an fp32 master): low-rank
+    terms added per row, or each member's dense copy built first (that build is the perturb column); then the
+    update."""
     from esopt.es.batched import member_router
 
-    es = ES(es.model, es.config.model_copy(update={"restore": "none"}))
     host = member_router(es.model, es.perturbation)
     pop = es.ask(1)
     sync(device)
@@ -128,10 +127,11 @@ def measure(shape: str, members: int, batch: int, prompt_tokens: int, new_tokens
     rows.append({"mode": "inference, one call", "seconds": time.perf_counter() - t})
     master = "cpu" if device.type == "cpu" else str(device)
     for mode in modes:
+        batched = mode.endswith("batched")  # as batched training runs: no fp32 master
         config = ESConfig(population_size=members, antithetic=True, sigma=1e-3, sigma_schedule="constant",
                           alpha=1e-4, noise="normal" if mode.startswith("full") else "lowrank", noise_rank=rank,
-                          master_device=master)
-        timer = time_batched if mode.endswith("batched") else time_in_place
+                          master_device=master, restore="none" if batched else "auto")
+        timer = time_batched if batched else time_in_place
         rows.append({"mode": mode, **timer(ES(model, config), decode, ids, members, batch, device)})
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -509,8 +509,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     plan = plan_from_args(args)
-    if args.jobs < 1 or (args.jobs > 1 and not plan.isolate):
-        raise ValueError(f"--jobs {args.jobs}: must be >= 1, and above 1 only with isolated runs (add --isolate)")
+    from esopt.experiments.sweep import check_jobs
+
+    check_jobs(args.jobs, plan.isolate)  # before the warm start or any run
     out = Path(args.out)
     failed: list[str] = []
     t = time.perf_counter()

@@ -72,15 +72,18 @@ def wait_all(procs: list) -> list[int]:
         raise
 
 
+def check_jobs(jobs: int, isolate: bool) -> None:
+    if jobs < 1 or (jobs > 1 and not isolate):
+        raise ValueError(f"--jobs {jobs}: must be >= 1, and above 1 only with isolated runs (add --isolate)")
+
+
 def run_sweep(configs: dict, root: Path, resume: bool = False, isolate: bool = False, threads: int = 1,
               progress: bool = False, jobs: int = 1) -> list[str]:
     """Train every config ({name: validated training config}) into root/name; the names of failed runs.
     `jobs` > 1 trains that many isolated runs at once, each logging to root/name/train.log."""
     from esopt.train.config import dump_config, load_config
 
-    if jobs < 1 or (jobs > 1 and not isolate):
-        raise ValueError(f"--jobs must be >= 1, and above 1 only with isolated runs (got {jobs}, "
-                         f"isolate={isolate})")
+    check_jobs(jobs, isolate)
     states = {name: run_state(root / name) for name in configs}
     if not resume and (busy := [n for n, s in states.items() if s != "new"]):
         raise FileExistsError(f"{root / busy[0]} already holds a run: pass --resume (skips finished runs, "

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,6 +48,7 @@ import torch
 import yaml
 
 from esopt.engines.base import SamplingParams
+from esopt.train.config import check_device
 from esopt.utils.report import add_analysis_options
 
 METHODS = ("pg", "es")
@@ -94,8 +94,10 @@ class Setup:
             raise ValueError(f"--model must be tiny-sudoku or smollm2 (got {self.model!r})")
         if clash := sorted({"size", "h_star", "reward"} & set(self.env_kwargs)):
             raise ValueError(f"--env-arg {clash}: set by the analysis itself (use --size / --h-stars)")
-        if not re.fullmatch(r"cpu|auto|mps|cuda(:\d+)?|xpu(:\d+)?", self.device):
-            raise ValueError(f"--device {self.device!r}: must be cpu, auto, cuda, cuda:N, mps or xpu")
+        try:
+            check_device(self.device)
+        except ValueError as e:
+            raise ValueError(f"--device {self.device!r}: {e}") from None
 
 
 SMOKE = dict(h_stars=[1, 2], repeats=3, batch=4, members=4, member_episodes=2, directions=4, warm_start_steps=60,

@@ -28,6 +28,13 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def check_device(v: str) -> str:
+    """A device spec as the model section takes it (the variance analysis takes the same)."""
+    if not re.fullmatch(r"cpu|auto|mps|cuda(:\d+)?|xpu(:\d+)?", v):
+        raise ValueError("must be cpu, auto, cuda, cuda:N, mps or xpu")
+    return v
+
+
 class ModelSection(Section):
     @property
     def resolved_dtype(self) -> str:
@@ -48,9 +55,7 @@ class ModelSection(Section):
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
-        if not re.fullmatch(r"cpu|auto|mps|cuda(:\d+)?|xpu(:\d+)?", v):
-            raise ValueError("must be cpu, auto, cuda, cuda:N, mps or xpu")
-        return v
+        return check_device(v)
 
 
 class EnvSection(Section):
