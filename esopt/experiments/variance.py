@@ -25,6 +25,7 @@ squares fits of ln(var) vs H* (growth rate), ln(var) vs ln(H*) (power exponent: 
     esopt analyze variance --h-stars 2 6 10 --repeats 32 --batch 64
     esopt analyze variance --smoke --out /tmp/v
     esopt analyze variance --merge /tmp/v12 /tmp/v4 --out /tmp/v   # runs at different H*, refitted together
+    esopt analyze variance ... --out /tmp/v --resume               # continue a stopped run (OUT/variance_state)
     esopt analyze variance --device cuda --threads 8 ...            # rollouts and backward on a GPU; the
                                                                     # projections stay on the host's threads
 
@@ -38,6 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,6 +52,8 @@ import yaml
 
 from esopt.engines.base import SamplingParams
 from esopt.train.config import check_device
+from esopt.utils.faults import pause_point
+from esopt.utils.io import write_json_atomic
 from esopt.utils.report import add_analysis_options
 
 METHODS = ("pg", "es")
@@ -167,6 +172,14 @@ class ProjectionStats:
     def mean(self) -> torch.Tensor:
         return self.total / max(len(self.proj), 1)
 
+    def state_dict(self) -> dict:
+        return {"proj": [p.tolist() for p in self.proj], "total": self.total, "sq_norms": list(self.sq_norms)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.proj = [np.asarray(p, dtype=np.float64) for p in state["proj"]]
+        self.total = state["total"].to(torch.float64)
+        self.sq_norms = list(state["sq_norms"])
+
     def result(self) -> dict[str, float]:
         r = len(self.proj)
         if r < 2:
@@ -266,8 +279,49 @@ def fixed_model(setup: Setup):
     return load_model(ModelSection(name=setup.model, device=setup.device, **warm), {"size": setup.size})
 
 
-def measure(setup: Setup, progress: bool = True) -> dict:
-    """Run the analysis; returns {"setup", "rows": [per (method, H*)], "fits": {method: {...}}}."""
+class RunState:
+    """A run's progress in OUT/variance_state/, so an hours-long analysis survives being stopped: per H*,
+    after every repetition, the estimates' accumulators (h{H*}.pt, written atomically, ~2 x 8 bytes x D: 2.2 GB for
+    SmolLM2); once an H* is done, its rows (h{H*}.json) replace them. Every repetition draws its tasks,
+    sampling seeds and ES noise from (seed, H*, repetition), so a resumed run gives the rows of an
+    uninterrupted one. The folder is removed when the whole run is written."""
+
+    def __init__(self, folder: Path, setup: Setup, resume: bool):
+        self.folder, self.key = folder, {k: v for k, v in asdict(setup).items() if k != "h_stars"}
+        if folder.exists() and any(folder.iterdir()):
+            if not resume:
+                raise ValueError(f"{folder} holds an unfinished run: pass --resume to continue it, or delete it")
+            saved = json.loads((folder / "setup.json").read_text()) if (folder / "setup.json").exists() else {}
+            if diff := sorted(k for k in saved.keys() | self.key.keys() if saved.get(k) != self.key.get(k)):
+                raise ValueError(f"--resume: {folder} was started with another {', '.join(diff)}; "
+                                 "only --h-stars may differ")
+        write_json_atomic(folder / "setup.json", self.key)
+
+    def finished(self, h: int) -> dict | None:
+        path = self.folder / f"h{h}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def partial(self, h: int) -> dict | None:
+        path = self.folder / f"h{h}.pt"
+        return torch.load(path, weights_only=False) if path.exists() else None
+
+    def save_partial(self, h: int, state: dict) -> None:
+        tmp = self.folder / f".h{h}.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.folder / f"h{h}.pt")
+        pause_point("variance", h_star=h, repeats_done=state["done"])
+
+    def finish(self, h: int, done: dict) -> None:
+        write_json_atomic(self.folder / f"h{h}.json", done)
+        (self.folder / f"h{h}.pt").unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def measure(setup: Setup, progress: bool = True, state: RunState | None = None) -> dict:
+    """Run the analysis; returns {"setup", "rows": [per (method, H*)], "fits": {method: {...}}}. With
+    `state`, each repetition is saved and finished work is taken from it (see RunState)."""
     from esopt.envs import make_env
     from esopt.es import ES, ESConfig, ParamScope, select_parameters
     from esopt.rollout import env_examples, run_episodes, trajectory_score
@@ -280,8 +334,13 @@ def measure(setup: Setup, progress: bool = True) -> dict:
     es = ES(policy.model, ESConfig(population_size=setup.members, antithetic=setup.antithetic, sigma=setup.sigma,
                                    sigma_min=setup.sigma, sigma_schedule="constant", alpha=0.0, seed=setup.seed))
     directions = RandomDirections(dim, setup.directions, setup.seed)  # the same K directions everywhere
-    rows, t0 = [], time.perf_counter()
+    rows, seconds = [], 0.0
     for h in setup.h_stars:
+        if state and (done := state.finished(h)):
+            rows += done["rows"]
+            seconds += done["seconds"]
+            continue
+        t0 = time.perf_counter()
         kwargs = {**setup.env_kwargs, "size": setup.size, "h_star": h, "reward": "shaped"}
 
         def make(kwargs=kwargs):
@@ -297,7 +356,14 @@ def measure(setup: Setup, progress: bool = True) -> dict:
 
         acc = {m: ProjectionStats(dim, directions) for m in METHODS}
         info = {m: {"scores": [], "turns": [], "tokens": 0, "episodes": 0} for m in METHODS}
-        for r in range(setup.repeats):
+        start, before = 0, 0.0
+        if state and (saved := state.partial(h)):
+            for m in METHODS:
+                acc[m].load_state_dict(saved["acc"][m])
+            info, start, before = saved["info"], saved["done"], saved["seconds"]
+            if progress:
+                print(f"H*={h}: resumed after repetition {start}/{setup.repeats}", flush=True)
+        for r in range(start, setup.repeats):
             # PG: B episodes (B/G tasks x G rollouts), advantage = score - batch (group) mean
             tasks = [s for s in _seeds(setup.seed, h, r, 0, n=setup.batch // setup.pg_group)
                      for _ in range(setup.pg_group)]
@@ -321,8 +387,12 @@ def measure(setup: Setup, progress: bool = True) -> dict:
                 info["es"]["tokens"] += stats.generated_tokens
                 info["es"]["episodes"] += len(trajs)
             acc["es"].add(es_estimate(es, members, np.array(member_scores), setup.sigma))
+            if state:
+                state.save_partial(h, {"done": r + 1, "seconds": before + time.perf_counter() - t0, "info": info,
+                                       "acc": {m: acc[m].state_dict() for m in METHODS}})
             if progress:
-                print(f"H*={h} repetition {r + 1}/{setup.repeats} | {time.perf_counter() - t0:.0f}s", flush=True)
+                print(f"H*={h} repetition {r + 1}/{setup.repeats} | {before + time.perf_counter() - t0:.0f}s",
+                      flush=True)
         mean_pg, mean_es = acc["pg"].mean, acc["es"].mean
         cos = float(mean_pg @ mean_es / (mean_pg.norm() * mean_es.norm() + 1e-30))
         for m in METHODS:
@@ -334,13 +404,21 @@ def measure(setup: Setup, progress: bool = True) -> dict:
                          "episodes_per_estimate": i["episodes"] // setup.repeats})
             sv = rows[-1]["score_std"] ** 2
             rows[-1]["var_per_score_var"] = rows[-1]["var"] / sv if sv > 0 else math.inf
+            rows[-1]["trace_per_score_var"] = rows[-1]["trace_per_dim"] / sv if sv > 0 else math.inf
+        mine, took = rows[-len(METHODS):], before + time.perf_counter() - t0
+        seconds += took
+        if state:
+            state.finish(h, {"rows": mine, "seconds": took})
         if progress:
             print("  " + " | ".join(f"{m}: var {r['var']:.3e} rel {r['rel_var']:.2f}" for m in METHODS
                                     for r in rows[-2:] if r["method"] == m), flush=True)
     # the device kind the noise was drawn on ("auto" resolved; cuda:0 and cuda:1 draw alike): what --merge compares
     return {"setup": {**asdict(setup), "device": torch.device(policy.device).type}, "dim": dim,
-            "seconds": time.perf_counter() - t0, "rows": rows,
+            "seconds": seconds, "rows": rows,
             "fits": fits_per_method(rows)}
+
+
+FITTED = ("trace_per_dim", "trace_per_score_var", "nsr", "var", "rel_var", "var_per_score_var")
 
 
 def fits_per_method(rows: list[dict]) -> dict[str, dict]:
@@ -348,7 +426,7 @@ def fits_per_method(rows: list[dict]) -> dict[str, dict]:
     for m in METHODS:
         mine = [r for r in rows if r["method"] == m]
         out[m] = {q: fits([r["h_star"] for r in mine], [r[q] for r in mine])
-                  for q in ("var", "rel_var", "var_per_score_var")}
+                  for q in FITTED}
     return out
 
 
@@ -391,6 +469,9 @@ def load_result(path: str) -> dict:
     if missing:
         raise ValueError(f"--merge {path}: not a variance.json (no {', '.join(sorted(missing))})")
     result["setup"].setdefault("device", "cpu")  # written before --device existed: on the CPU
+    for row in result["rows"]:  # written before this column existed
+        sv = row["score_std"] ** 2
+        row.setdefault("trace_per_score_var", row["trace_per_dim"] / sv if sv > 0 else math.inf)
     return result
 
 
@@ -419,21 +500,25 @@ def report(result: dict) -> str:
         f"(seed {s['seed']}). {result['seconds']:.0f}s"
         + (f" in all, merged from {len(result['merged_from'])} runs ({', '.join(result['merged_from'])})."
            if result.get("merged_from") else "."), "",
-        "`var`: variance of the projection over repetitions, mean over directions (± its spread over directions, "
-        "as a standard error). `rel_var` = var / (|mean estimate|^2 / D), a noise-to-signal ratio comparable "
-        "across methods (near R when the mean is mostly noise); `nsr`: the same with |mean|^2 corrected for its "
-        "noise (inf: the signal is not resolved with this R). `var/score var`: var over the variance of the "
-        "episode scores (the shaped score's spread changes with H*; this removes it). `cos`: cosine of the mean PG "
-        "and mean ES estimates.",
-        "", "| H* | method | mean turns | score mean ± std | var | rel_var | nsr | var/score var | cos |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "`trace/D`: the estimates' total variance over repetitions per coordinate (the trace of their sample "
+        "covariance over D, exact, from all coordinates); `/ score var`: the same over the variance of the episode "
+        "scores (the shaped score's spread changes with H*; this removes it). `nsr` = trace / |E g|^2, with |E g|^2 "
+        "estimated without its noise bias (|mean|^2 - trace/R): how many estimates it takes to average the noise "
+        "down to the signal (inf: the signal is not resolved with this R). `var (K dirs)`: the variance of the "
+        "projections on K random unit directions, mean over directions (± their spread as a standard error); an "
+        "unbiased but much noisier estimate of trace/D (a policy gradient concentrates in few coordinates). "
+        "`rel_var` = var / (|mean|^2 / D): close to R / (1 + R / nsr), so it saturates at R when the mean is "
+        "mostly noise and is **not** comparable across R. `cos`: cosine of the mean PG and mean ES estimates.",
+        "", "| H* | method | mean turns | score mean ± std | trace/D | / score var | nsr | var (K dirs) | rel_var "
+        "| cos |", "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['h_star']} | {r['method'].upper()} | {r['mean_turns']:.1f} | {r['score_mean']:.3f} ± "
-                     f"{r['score_std']:.3f} | {_g(r['var'])} ± {_g(r['var_se'])} | {_g(r['rel_var'])} | {_g(r['nsr'])} "
-                     f"| {_g(r['var_per_score_var'])} | {r['cos_pg_es']:.2f} |")
+                     f"{r['score_std']:.3f} | {_g(r['trace_per_dim'])} | {_g(r['trace_per_score_var'])}"
+                     f" | {_g(r['nsr'])} | {_g(r['var'])} ± {_g(r['var_se'])} | {_g(r['rel_var'])} "
+                     f"| {r['cos_pg_es']:.2f} |")
     lines += ["", "## Fits (least squares over H*)", "",
-              "| method | quantity | d ln(var)/dH* | exponent (ln var vs ln H*) | R^2 (log-log) | d var/dH* |",
+              "| method | quantity q | d ln(q)/dH* | exponent (ln q vs ln H*) | R^2 (log-log) | d q/dH* |",
               "|---|---|---|---|---|---|"]
     for m, per in result["fits"].items():
         for q, f in per.items():
@@ -457,20 +542,20 @@ def plot(result: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for k, m in enumerate(METHODS):
         mine = [r for r in result["rows"] if r["method"] == m]
-        hs = [r["h_star"] for r in mine]
-        for ax, q in zip(axes, ("var", "rel_var")):
-            # raw variances differ by orders of magnitude between methods: plot var relative to the first H*
-            ref = mine[0]["var"] if q == "var" and mine and mine[0]["var"] > 0 else 1.0
-            ys = [r[q] / ref for r in mine]
-            err = [r["var_se"] / ref for r in mine] if q == "var" else None
-            ax.errorbar(hs, ys, yerr=err, marker="o", color=f"C{k}", label=m.upper(), capsize=3)
+        for ax, q in zip(axes, ("trace_per_dim", "nsr")):
+            pts = [(r["h_star"], r[q]) for r in mine if math.isfinite(r[q]) and r[q] > 0]
+            # raw variances differ by orders of magnitude between methods: plot trace/D relative to the first H*
+            ref = pts[0][1] if q == "trace_per_dim" and pts else 1.0
+            ax.plot([h for h, _ in pts], [v / ref for _, v in pts], marker="o", color=f"C{k}", label=m.upper())
             f = result["fits"][m][q]["log_var_vs_h"]
             if math.isfinite(f["slope"]):
+                hs = [h for h, _ in pts]
                 ax.plot(hs, [math.exp(f["intercept"] + f["slope"] * h) / ref for h in hs], "--", color=f"C{k}",
                         alpha=0.6, label=f"{m.upper()} fit: ln {q} slope {f['slope']:.2f}/H*")
-    axes[0].set(yscale="log", xlabel="H*", ylabel=f"var / var at H*={result['rows'][0]['h_star']}",
+    axes[0].set(yscale="log", xlabel="H*", ylabel=f"trace/D relative to H*={result['rows'][0]['h_star']}",
                 title="variance of the gradient estimate (relative)")
-    axes[1].set(yscale="log", xlabel="H*", ylabel="var / (|mean|^2 / D)", title="noise-to-signal (rel_var)")
+    axes[1].set(yscale="log", xlabel="H*", ylabel="trace / |E g|^2 (finite only)",
+                title="noise-to-signal (nsr; unresolved points left out)")
     for ax in axes:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
@@ -510,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, help="PG backward micro-batch (default 64; smollm2: 16, for memory)")
     p.add_argument("--device", help="cpu (default), cuda, cuda:N or auto: where rollouts and backward passes run "
                                     "(CUDA draws other ES noise than the CPU for a seed: runs on both do not merge)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run saved in OUT/variance_state (saved after every repetition; the setup "
+                        "must match)")
     p.add_argument("--merge", nargs="+", metavar="RUN",
                    help="measure nothing: merge earlier runs' variance.json (files or --out folders) of the same "
                         "setup at different H* into one table, with the fits over all their H*")
@@ -544,14 +632,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.merge:
         given = [k for k in SETUP_OPTIONS if getattr(args, k) is not None]
-        given += [k for k in ("smoke", "antithetic", "env_arg") if getattr(args, k)]
+        given += [k for k in ("smoke", "antithetic", "env_arg", "resume") if getattr(args, k)]
         if given:
             raise ValueError(f"--merge measures nothing, so --{given[0].replace('_', '-')} has no effect; drop it")
-        result = merge([load_result(x) for x in args.merge], sources=args.merge)
+        result, state = merge([load_result(x) for x in args.merge], sources=args.merge), None
     else:
         torch.set_num_threads(args.threads)
-        result = measure(setup_from_args(args), progress=not args.quiet)
+        setup = setup_from_args(args)
+        state = RunState(Path(args.out) / "variance_state", setup, resume=args.resume)
+        result = measure(setup, progress=not args.quiet, state=state)
     md, png, text = write(result, Path(args.out))
+    if state:
+        state.remove()
     print(text)
     print(f"wrote {md}, {png} and {md.with_suffix('.json')}")
     return 0

@@ -3,6 +3,9 @@ on their smoke presets, plus the pure helpers on synthetic data."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -12,6 +15,7 @@ from esopt.cli import main as cli_main
 from esopt.experiments import horizon, variance
 from esopt.models import model_dtype
 from esopt.train.config import load_config
+from tests.pause import kill_when_parked
 
 
 def test_projection_stats_recover_a_known_variance():
@@ -192,6 +196,26 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
         f = result["fits"][m]["var"]
         assert math.isfinite(f["log_var_vs_h"]["slope"]) and math.isfinite(f["var_vs_h"]["slope"]), f
     assert cli_main(["analyze", "nope"]) == 2
+    assert not (tmp_path / "variance_state").exists()  # removed once the run is written
+
+    # killed (SIGKILL) after the first repetition of the second H*, resumed: the uninterrupted run's rows
+    killed, pause = tmp_path / "killed", tmp_path / "pause"
+    pause.mkdir()
+    args = ["analyze", "variance", "--smoke", "--quiet", "--out", str(killed)]
+    proc = subprocess.Popen([sys.executable, "-m", "esopt.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
+                            "ESOPT_PAUSE_AT": f"variance@{smoke.repeats + 1}", "ESOPT_PAUSE_DIR": str(pause)})
+    assert kill_when_parked(proc, "variance", pause)["h_star"] == smoke.h_stars[1]
+    assert sorted(p.name for p in (killed / "variance_state").iterdir()) == [
+        f"h{smoke.h_stars[0]}.json", f"h{smoke.h_stars[1]}.pt", "setup.json"]
+    with pytest.raises(ValueError, match="holds an unfinished run: pass --resume"):
+        variance.main(args[2:])  # the saved work is kept
+    with pytest.raises(ValueError, match="started with another sigma"):
+        variance.main([*args[2:], "--resume", "--sigma", "0.02"])
+    assert cli_main([*args, "--resume"]) == 0
+    resumed = json.loads((killed / "variance.json").read_text())
+    assert resumed["rows"] == result["rows"] and resumed["fits"] == result["fits"]
+    assert not (killed / "variance_state").exists()
 
     # the same setup run one H* at a time, then merged: the single run's rows and fits, exactly
     for h in smoke.h_stars:

@@ -181,4 +181,7 @@ SABOTAGES: list[Sabotage] = [
     Sabotage("experiments/sweep", "esopt/experiments/sweep.py", "while pending and len(running) < jobs:",
              "while pending and len(running) <= jobs:", "one run more than --jobs at once",
              ("tests/experiments/test_sweep.py",)),
+    Sabotage("experiments/variance", "esopt/experiments/variance.py", 'info, start, before = saved["info"], ',
+             'info, start, before = info, ', "a resumed variance run forgets the scores of its saved repetitions",
+             ("tests/experiments/test_bench.py::test_variance_smoke_gives_finite_variances_and_slopes",)),
 ]

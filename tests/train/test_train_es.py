@@ -2,10 +2,8 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from esopt.train.config import ConfigError, build_config, load_config
 from esopt.train.es import train
 from esopt.train.models import load_model
 from esopt.train.rundir import RunDir
+from tests.pause import kill_when_parked
 
 TINY = [
     "steps=2",
@@ -105,23 +104,8 @@ def _parked_at(point: str, pause_dir: Path, *args) -> subprocess.Popen:
     return _cli_train(*args, env={**ENV, "ESOPT_PAUSE_AT": point, "ESOPT_PAUSE_DIR": str(pause_dir)})
 
 
-def _kill_when_parked(proc: subprocess.Popen, point: str, pause_dir: Path) -> dict:
-    """Once `proc` reports it waits at `point`, SIGKILL it; returns what the point reported."""
-    reached = pause_dir / f"{point.split('@')[0]}.reached"
-    deadline = time.time() + 300
-    while not reached.exists():  # a file handshake: the run is parked at the point once this exists
-        assert proc.poll() is None, f"the run ended before reaching {point}: {proc.stderr.read()[-2000:]}"
-        assert time.time() < deadline, f"{point} not reached in 300 s"
-        time.sleep(0.02)
-    info = json.loads(reached.read_text())
-    assert info["pid"] == proc.pid
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL
-    return info
-
-
 def _kill_at(point: str, pause_dir: Path, *args) -> dict:
-    return _kill_when_parked(_parked_at(point, pause_dir, *args), point, pause_dir)
+    return kill_when_parked(_parked_at(point, pause_dir, *args), point, pause_dir)
 
 
 @pytest.mark.slow
@@ -141,7 +125,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     # uninterrupted reference runs here meanwhile; the other process waits at the point until it is killed)
     first = _parked_at("rollout@7", tmp_path / "p1", str(cfg), "--out", str(run), *overrides)
     train(build_config({"algo": "es"}, overrides), tmp_path / "ref", progress=False)
-    info = _kill_when_parked(first, "rollout@7", tmp_path / "p1")
+    info = kill_when_parked(first, "rollout@7", tmp_path / "p1")
     assert info["member"] == 2 and lines() == 1 and not (run / "checkpoints").exists()
     # 2. resumed at generation 2: killed right after its ledger line, before its metrics row and the checkpoint
     _kill_at("ledger@1", tmp_path / "p2", "--resume", str(run))
