@@ -28,6 +28,8 @@ squares fits of ln(var) vs H* (growth rate), ln(var) vs ln(H*) (power exponent: 
     esopt analyze variance ... --out /tmp/v --resume               # continue a stopped run (OUT/variance_state)
     esopt analyze variance --device cuda --threads 8 ...            # rollouts and backward on a GPU; the
                                                                     # projections stay on the host's threads
+    esopt analyze variance --device cuda --es-evaluator batched ... # ES members in one rollout (launch-bound
+                                                                    # one-by-one decoding is a GPU's bottleneck)
 
 Measured cost (2 CPU cores shared with other jobs, one torch thread): one
 repetition (B=32 PG episodes + backward, and N=8 x E=4 ES episodes) takes ~1.2 s x H*, so the default
@@ -81,6 +83,7 @@ class Setup:
     env_kwargs: dict = field(default_factory=dict)  # extra Sudoku arguments, e.g. {"hints": "candidates"}
     few_shot: int = 0  # worked examples in every prompt (the env's `worked_examples`)
     device: str = "cpu"  # where the model rolls out and back-propagates; estimates are projected on the host
+    es_evaluator: str = "local"  # ES members one by one in place, or "batched" (one rollout, per-row weights)
 
     def check(self) -> None:
         if self.repeats < 2:
@@ -99,6 +102,8 @@ class Setup:
             raise ValueError(f"--model must be tiny-sudoku or smollm2 (got {self.model!r})")
         if clash := sorted({"size", "h_star", "reward"} & set(self.env_kwargs)):
             raise ValueError(f"--env-arg {clash}: set by the analysis itself (use --size / --h-stars)")
+        if self.es_evaluator not in ("local", "batched"):
+            raise ValueError(f"--es-evaluator must be local or batched (got {self.es_evaluator!r})")
         try:
             check_device(self.device)
         except ValueError as e:
@@ -291,7 +296,8 @@ class RunState:
         if folder.exists() and any(folder.iterdir()):
             if not resume:
                 raise ValueError(f"{folder} holds an unfinished run: pass --resume to continue it, or delete it")
-            saved = json.loads((folder / "setup.json").read_text()) if (folder / "setup.json").exists() else {}
+            saved = with_old_defaults(json.loads((folder / "setup.json").read_text())
+                                      if (folder / "setup.json").exists() else {})
             if diff := sorted(k for k in saved.keys() | self.key.keys() if saved.get(k) != self.key.get(k)):
                 raise ValueError(f"--resume: {folder} was started with another {', '.join(diff)}; "
                                  "only --h-stars may differ")
@@ -324,7 +330,8 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
     `state`, each repetition is saved and finished work is taken from it (see RunState)."""
     from esopt.envs import make_env
     from esopt.es import ES, ESConfig, ParamScope, select_parameters
-    from esopt.rollout import env_examples, run_episodes, trajectory_score
+    from esopt.population import PopulationContext, build_evaluator
+    from esopt.rollout import RolloutSpec, env_examples, trajectory_score
 
     setup.check()
     policy = fixed_model(setup)
@@ -347,12 +354,10 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
             return make_env("esopt/Sudoku-v0", **kwargs)
 
         with make() as env:
-            examples = env_examples(env, setup.few_shot)
-
-        def rollout(tasks: list[int], seed: int, examples=examples):
-            trajs, stats = run_episodes(policy, make, tasks, sampling, seed=seed, max_batch_size=None,
-                                        examples=examples)
-            return trajs, np.array([trajectory_score(t, "shaped") for t in trajs]), stats
+            spec = RolloutSpec(sampling=sampling, examples=tuple(env_examples(env, setup.few_shot)))
+        # ES members run as in training: one by one in place ("local") or all in one batch ("batched")
+        evaluator = build_evaluator(setup.es_evaluator, PopulationContext(es=es, engine=policy, make_env=make,
+                                                                          score="shaped"))
 
         acc = {m: ProjectionStats(dim, directions) for m in METHODS}
         info = {m: {"scores": [], "turns": [], "tokens": 0, "episodes": 0} for m in METHODS}
@@ -367,7 +372,8 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
             # PG: B episodes (B/G tasks x G rollouts), advantage = score - batch (group) mean
             tasks = [s for s in _seeds(setup.seed, h, r, 0, n=setup.batch // setup.pg_group)
                      for _ in range(setup.pg_group)]
-            trajs, scores, stats = rollout(tasks, _seeds(setup.seed, h, r, 1, n=1)[0])
+            trajs, stats = spec.run(policy, make, tasks, seed=_seeds(setup.seed, h, r, 1, n=1)[0])
+            scores = np.array([trajectory_score(t, "shaped") for t in trajs])
             adv = baseline_advantages(scores, setup.pg_group)
             acc["pg"].add(pg_estimate(policy, params, trajs, adv, setup.temperature or 1.0, setup.micro_batch))
             info["pg"]["scores"] += scores.tolist()
@@ -377,16 +383,14 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
             # ES: N members on the same E tasks and sampling seeds (common random numbers)
             members = es.ask(generation=1_000 * h + r)
             tasks, seed = _seeds(setup.seed, h, r, 2, n=setup.member_episodes), _seeds(setup.seed, h, r, 3, n=1)[0]
-            member_scores = []
-            for m in members:
-                with es.perturbed(m), torch.no_grad():
-                    trajs, scores, stats = rollout(tasks, seed)
-                member_scores.append(scores.mean())
-                info["es"]["scores"] += scores.tolist()
-                info["es"]["turns"] += [t.num_turns for t in trajs]
-                info["es"]["tokens"] += stats.generated_tokens
-                info["es"]["episodes"] += len(trajs)
-            acc["es"].add(es_estimate(es, members, np.array(member_scores), setup.sigma))
+            with torch.no_grad():
+                results = evaluator.evaluate(members, setup.sigma, tasks, seed, spec)
+            for res in results:
+                info["es"]["scores"] += [trajectory_score(t, "shaped") for t in res.trajectories]
+                info["es"]["turns"] += [t.num_turns for t in res.trajectories]
+                info["es"]["tokens"] += res.stats.generated_tokens
+                info["es"]["episodes"] += len(res.trajectories)
+            acc["es"].add(es_estimate(es, members, np.array([res.reward for res in results]), setup.sigma))
             if state:
                 state.save_partial(h, {"done": r + 1, "seconds": before + time.perf_counter() - t0, "info": info,
                                        "acc": {m: acc[m].state_dict() for m in METHODS}})
@@ -455,6 +459,11 @@ def merge(results: list[dict], sources: list[str] | None = None) -> dict:
             "merged_from": list(sources)}
 
 
+def with_old_defaults(setup: dict) -> dict:
+    """A setup saved before --device and --es-evaluator existed ran on the CPU with members one by one."""
+    return {"device": "cpu", "es_evaluator": "local", **setup}
+
+
 def load_result(path: str) -> dict:
     """A variance.json, given as the file or as the folder `--out` wrote it to."""
     p = Path(path)
@@ -468,7 +477,7 @@ def load_result(path: str) -> dict:
     missing = {"setup", "dim", "seconds", "rows"} - (result.keys() if isinstance(result, dict) else set())
     if missing:
         raise ValueError(f"--merge {path}: not a variance.json (no {', '.join(sorted(missing))})")
-    result["setup"].setdefault("device", "cpu")  # written before --device existed: on the CPU
+    result["setup"] = with_old_defaults(result["setup"])
     for row in result["rows"]:  # written before this column existed
         sv = row["score_std"] ** 2
         row.setdefault("trace_per_score_var", row["trace_per_dim"] / sv if sv > 0 else math.inf)
@@ -595,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, help="PG backward micro-batch (default 64; smollm2: 16, for memory)")
     p.add_argument("--device", help="cpu (default), cuda, cuda:N or auto: where rollouts and backward passes run "
                                     "(CUDA draws other ES noise than the CPU for a seed: runs on both do not merge)")
+    p.add_argument("--es-evaluator", choices=["local", "batched"],
+                   help="ES members one by one, perturbed in place (default, as `esopt train`), or all in one "
+                        "batched rollout with per-member weight copies (a GPU's way; other sampled episodes)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run saved in OUT/variance_state (saved after every repetition; the setup "
                         "must match)")
@@ -606,7 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SETUP_OPTIONS = ("h_stars", "repeats", "batch", "members", "member_episodes", "directions", "sigma", "pg_group",
-                 "size", "warm_start_steps", "seed", "model", "few_shot", "temperature", "micro_batch", "device")
+                 "size", "warm_start_steps", "seed", "model", "few_shot", "temperature", "micro_batch", "device",
+                 "es_evaluator")
 
 
 def setup_from_args(args: argparse.Namespace) -> Setup:

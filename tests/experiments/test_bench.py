@@ -245,6 +245,20 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
     assert variance.load_result(str(tmp_path / "legacy.json"))["setup"]["device"] == "cpu"
 
 
+@pytest.mark.slow
+def test_variance_es_batched_evaluator_gives_the_local_estimates_when_greedy():
+    """All members in one batched rollout (per-row weight copies) against members one by one in place: greedy
+    episodes are the same, so the ES estimates and every statistic of them are equal; other setups refuse."""
+    rows = {}
+    for kind in ("local", "batched"):
+        setup = variance.Setup(**{**variance.SMOKE, "h_stars": [1], "temperature": 0.0, "es_evaluator": kind})
+        rows[kind] = variance.measure(setup, progress=False)["rows"]
+    assert rows["local"] == rows["batched"]
+    assert next(r for r in rows["local"] if r["method"] == "es")["trace_per_dim"] > 0
+    with pytest.raises(ValueError, match="--es-evaluator must be local or batched"):
+        variance.Setup(es_evaluator="ray").check()
+
+
 def test_step_probe_smoke_compares_the_es_step_with_a_same_length_random_control(tmp_path):
     from esopt.experiments import step_probe
 
