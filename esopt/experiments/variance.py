@@ -201,6 +201,10 @@ class ProjectionStats:
             "trace_per_dim": trace / self.dim, "mean_sq_norm": mean_sq, "signal_sq": signal,
             "rel_var": var / (mean_sq / self.dim) if mean_sq > 0 else math.inf,
             "nsr": trace / signal if signal > 0 else math.inf, "repeats": r,
+            # the standard error of mean |g_r|^2 / D, which trace/D is up to the (small when noisy) mean's term:
+            # one heavy-tailed repetition shows here
+            "trace_se_per_dim": float(np.std(self.sq_norms, ddof=1) / math.sqrt(r)) / self.dim,
+            "sq_norms": list(self.sq_norms),
         }
 
 
@@ -510,7 +514,8 @@ def report(result: dict) -> str:
         + (f" in all, merged from {len(result['merged_from'])} runs ({', '.join(result['merged_from'])})."
            if result.get("merged_from") else "."), "",
         "`trace/D`: the estimates' total variance over repetitions per coordinate (the trace of their sample "
-        "covariance over D, exact, from all coordinates); `/ score var`: the same over the variance of the episode "
+        "covariance over D, exact, from all coordinates; ± the standard error of the repetitions' mean squared "
+        "norm over D, which shows a heavy tail); `/ score var`: the same over the variance of the episode "
         "scores (the shaped score's spread changes with H*; this removes it). `nsr` = trace / |E g|^2, with |E g|^2 "
         "estimated without its noise bias (|mean|^2 - trace/R): how many estimates it takes to average the noise "
         "down to the signal (inf: the signal is not resolved with this R). `var (K dirs)`: the variance of the "
@@ -523,7 +528,8 @@ def report(result: dict) -> str:
     ]
     for r in rows:
         lines.append(f"| {r['h_star']} | {r['method'].upper()} | {r['mean_turns']:.1f} | {r['score_mean']:.3f} ± "
-                     f"{r['score_std']:.3f} | {_g(r['trace_per_dim'])} | {_g(r['trace_per_score_var'])}"
+                     f"{r['score_std']:.3f} | {_g(r['trace_per_dim'])} ± {_g(r.get('trace_se_per_dim', math.nan))} "
+                     f"| {_g(r['trace_per_score_var'])}"
                      f" | {_g(r['nsr'])} | {_g(r['var'])} ± {_g(r['var_se'])} | {_g(r['rel_var'])} "
                      f"| {r['cos_pg_es']:.2f} |")
     lines += ["", "## Fits (least squares over H*)", "",

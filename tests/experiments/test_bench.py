@@ -34,6 +34,9 @@ def test_projection_stats_recover_a_known_variance():
     assert abs(r["signal_sq"] - signal) < 0.1 * signal
     assert abs(r["nsr"] - dim * s**2 / signal) < 0.15 * dim * s**2 / signal
     assert math.isclose(r["rel_var"], r["var"] / (r["mean_sq_norm"] / dim))
+    # |g|^2 = |mu|^2 + 2 s mu.z + s^2 |z|^2 has variance 4 s^2 |mu|^2 + 2 s^4 D
+    se = math.sqrt((4 * s**2 * signal + 2 * s**4 * dim) / reps) / dim
+    assert abs(r["trace_se_per_dim"] - se) < 0.2 * se and len(r["sq_norms"]) == reps
     u = variance.random_directions(dim, 8, seed=3)
     assert torch.allclose(u.norm(dim=1), torch.ones(8)) and torch.equal(u, variance.random_directions(dim, 8, seed=3))
     # a zero-mean estimator: its signal is not resolved, never a huge finite ratio
