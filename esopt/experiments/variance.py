@@ -288,24 +288,38 @@ def fixed_model(setup: Setup):
     return load_model(ModelSection(name=setup.model, device=setup.device, **warm), {"size": setup.size})
 
 
+def device_kind(spec: str) -> str:
+    """The kind of device a spec runs on ("auto" resolved): what decides which ES noise a seed draws."""
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(spec).type
+
+
 class RunState:
     """A run's progress in OUT/variance_state/, so an hours-long analysis survives being stopped: per H*,
-    after every repetition, the estimates' accumulators (h{H*}.pt, written atomically, ~2 x 8 bytes x D: 2.2 GB for
-    SmolLM2); once an H* is done, its rows (h{H*}.json) replace them. Every repetition draws its tasks,
+    after every repetition, the estimates' accumulators (h{H*}.pt, written atomically, ~2 x 8 bytes x D: 2.2 GB
+    for SmolLM2); once an H* is done, its rows (h{H*}.json) replace them. Every repetition draws its tasks,
     sampling seeds and ES noise from (seed, H*, repetition), so a resumed run gives the rows of an
-    uninterrupted one. The folder is removed when the whole run is written."""
+    uninterrupted one (on the CPU, with the same --threads; CUDA's backward is not bit-reproducible). The
+    folder is removed once the whole run is written."""
 
     def __init__(self, folder: Path, setup: Setup, resume: bool):
-        self.folder, self.key = folder, {k: v for k, v in asdict(setup).items() if k != "h_stars"}
-        if folder.exists() and any(folder.iterdir()):
-            if not resume:
-                raise ValueError(f"{folder} holds an unfinished run: pass --resume to continue it, or delete it")
-            saved = with_old_defaults(json.loads((folder / "setup.json").read_text())
-                                      if (folder / "setup.json").exists() else {})
-            if diff := sorted(k for k in saved.keys() | self.key.keys() if saved.get(k) != self.key.get(k)):
-                raise ValueError(f"--resume: {folder} was started with another {', '.join(diff)}; "
-                                 "only --h-stars may differ")
-        write_json_atomic(folder / "setup.json", self.key)
+        self.folder = folder
+        self.key = {k: v for k, v in asdict(setup).items() if k != "h_stars"}
+        self.key["device"] = device_kind(setup.device)  # cuda and cuda:0 draw alike; auto as it resolved
+        if not (folder / "setup.json").exists():  # nothing saved, or a finished run's removal cut short
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        if not resume:
+            raise ValueError(f"{folder} holds an unfinished run: pass --resume to continue it, or delete it")
+        saved = with_old_defaults(json.loads((folder / "setup.json").read_text()))
+        if diff := sorted(k for k in saved.keys() | self.key.keys() if saved.get(k) != self.key.get(k)):
+            raise ValueError(f"--resume: {folder} was started with another {', '.join(diff)}; "
+                             "only --h-stars may differ")
+        held = sorted(int(f.stem[1:]) for f in folder.glob("h*.*") if f.suffix in (".json", ".pt"))
+        if missing := sorted(set(held) - set(setup.h_stars)):
+            raise ValueError(f"--resume: {folder} holds work at H*={missing}, which --h-stars {setup.h_stars} "
+                             "leaves out (the run would delete it): add them")
 
     def finished(self, h: int) -> dict | None:
         path = self.folder / f"h{h}.json"
@@ -313,19 +327,30 @@ class RunState:
 
     def partial(self, h: int) -> dict | None:
         path = self.folder / f"h{h}.pt"
-        return torch.load(path, weights_only=False) if path.exists() else None
+        return torch.load(path, weights_only=True) if path.exists() else None
+
+    def _started(self) -> None:
+        if not (self.folder / "setup.json").exists():  # written with the first saved work, so a run that
+            write_json_atomic(self.folder / "setup.json", self.key)  # fails before any leaves nothing behind
 
     def save_partial(self, h: int, state: dict) -> None:
+        self._started()
         tmp = self.folder / f".h{h}.pt.tmp"
-        torch.save(state, tmp)
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.folder / f"h{h}.pt")
         pause_point("variance", h_star=h, repeats_done=state["done"])
 
     def finish(self, h: int, done: dict) -> None:
+        self._started()
         write_json_atomic(self.folder / f"h{h}.json", done)
         (self.folder / f"h{h}.pt").unlink(missing_ok=True)
 
     def remove(self) -> None:
+        """setup.json first, so a removal cut short leaves a folder that counts as empty."""
+        (self.folder / "setup.json").unlink(missing_ok=True)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -515,14 +540,16 @@ def report(result: dict) -> str:
            if result.get("merged_from") else "."), "",
         "`trace/D`: the estimates' total variance over repetitions per coordinate (the trace of their sample "
         "covariance over D, exact, from all coordinates; ± the standard error of the repetitions' mean squared "
-        "norm over D, which shows a heavy tail); `/ score var`: the same over the variance of the episode "
+        "norm over D: it shows a heavy-tailed repetition, and overstates the trace's error when the signal is "
+        "strong, by about sqrt(1 + 2/nsr)); `/ score var`: the same over the variance of the episode "
         "scores (the shaped score's spread changes with H*; this removes it). `nsr` = trace / |E g|^2, with |E g|^2 "
         "estimated without its noise bias (|mean|^2 - trace/R): how many estimates it takes to average the noise "
         "down to the signal (inf: the signal is not resolved with this R). `var (K dirs)`: the variance of the "
         "projections on K random unit directions, mean over directions (± their spread as a standard error); an "
         "unbiased but much noisier estimate of trace/D (a policy gradient concentrates in few coordinates). "
-        "`rel_var` = var / (|mean|^2 / D): close to R / (1 + R / nsr), so it saturates at R when the mean is "
-        "mostly noise and is **not** comparable across R. `cos`: cosine of the mean PG and mean ES estimates.",
+        "`rel_var` = var / (|mean|^2 / D): in expectation R / (1 + R / nsr), so it saturates at R when the mean "
+        "is mostly noise (K directions can put it above R) and is **not** comparable across R. `cos`: cosine of "
+        "the mean PG and mean ES estimates.",
         "", "| H* | method | mean turns | score mean ± std | trace/D | / score var | nsr | var (K dirs) | rel_var "
         "| cos |", "|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -12,7 +12,7 @@ kills the process it names, or writes `.go` to let it continue.
 
 Points: "rollout" (a member's rollout, weights perturbed), "ledger" (a generation's ledger line written,
 before its metrics row and checkpoint), "save" (a checkpoint's or final/'s files written, not yet renamed into
-place).
+place), "variance" (`esopt analyze variance`: a repetition's accumulators saved).
 """
 
 from __future__ import annotations

@@ -215,9 +215,16 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
         variance.main(args[2:])  # the saved work is kept
     with pytest.raises(ValueError, match="started with another sigma"):
         variance.main([*args[2:], "--resume", "--sigma", "0.02"])
+    with pytest.raises(ValueError, match=rf"holds work at H\*=\[{smoke.h_stars[0]}\]"):  # would be deleted
+        variance.main([*args[2:], "--resume", "--h-stars", str(smoke.h_stars[1])])
     assert cli_main([*args, "--resume"]) == 0
     resumed = json.loads((killed / "variance.json").read_text())
     assert resumed["rows"] == result["rows"] and resumed["fits"] == result["fits"]
+    assert not (killed / "variance_state").exists()
+    # a removal cut short (setup.json goes first) leaves files that a new run clears, never reuses
+    (killed / "variance_state").mkdir()
+    (killed / "variance_state" / f"h{smoke.h_stars[0]}.json").write_text('{"rows": [], "seconds": 0}')
+    variance.RunState(killed / "variance_state", smoke, resume=False)
     assert not (killed / "variance_state").exists()
 
     # the same setup run one H* at a time, then merged: the single run's rows and fits, exactly
