@@ -424,8 +424,10 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
                 state.save_partial(h, {"done": r + 1, "seconds": before + time.perf_counter() - t0, "info": info,
                                        "acc": {m: acc[m].state_dict() for m in METHODS}})
             if progress:
-                print(f"H*={h} repetition {r + 1}/{setup.repeats} | {before + time.perf_counter() - t0:.0f}s",
-                      flush=True)
+                took = time.perf_counter() - t0  # this process's repetitions only: a resume's pace is its own
+                left = took / (r + 1 - start) * (setup.repeats - r - 1)
+                print(f"H*={h} repetition {r + 1}/{setup.repeats} | {before + took:.0f}s | ~{left / 60:.0f} min "
+                      f"left at H*={h}", flush=True)
         mean_pg, mean_es = acc["pg"].mean, acc["es"].mean
         cos = float(mean_pg @ mean_es / (mean_pg.norm() * mean_es.norm() + 1e-30))
         for m in METHODS:
