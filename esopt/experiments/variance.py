@@ -13,13 +13,15 @@ The score r of an episode is the env's shaped reward (`reward=shaped`: the episo
 rewards = 0.5 success + 0.3 progress + 0.2 valid-move rate), because binary success is 0 for nearly
 every episode at large H* and would make both estimators trivially zero.
 
-Every estimate is projected on K fixed random unit directions in parameter space (seeded); `var` is the
-variance over repetitions of the projection, averaged over directions (an unbiased estimate of
-trace(Cov)/D). Raw variances of the two estimators are not comparable (ES's scales with 1/sigma^2), so
-the report also gives `rel_var = var / (|mean estimate|^2 / D)` (noise-to-signal; it saturates near R
-when the mean is itself mostly noise) and `nsr`, the same with the squared norm of the mean corrected
-for its noise bias (|mean|^2 - trace/R; inf when the signal is not resolved at this R). Per method, least
-squares fits of ln(var) vs H* (growth rate), ln(var) vs ln(H*) (power exponent: 1 = linear) and var vs H*.
+Per (method, H*) the report gives the exact trace of the estimates' sample covariance over D (`trace/D`,
+from running sums over all coordinates), the same over the episode scores' variance, and `nsr` = trace /
+|E g|^2 with |E g|^2 estimated without its noise bias (|mean|^2 - trace/R; inf when the signal is not
+resolved at this R). Raw variances of the two estimators are not comparable (ES's scales with 1/sigma^2);
+their trends with H* and their nsr are. Every estimate is also projected on K fixed random unit directions
+(seeded): `var`, the projections' variance averaged over directions, is an unbiased but noisier estimate of
+trace/D, and `rel_var = var / (|mean|^2 / D)` is in expectation R / (1 + R / nsr): it saturates at R when the
+mean is mostly noise, so it does not compare across R. Per method, least squares fits of ln(q) vs H*
+(growth rate), ln(q) vs ln(H*) (power exponent: 1 = linear) and q vs H*, for each quantity q.
 
     esopt analyze variance                             # H* 2 4 6 8 10 on 4x4, writes results/variance.md/png
     esopt analyze variance --h-stars 2 6 10 --repeats 32 --batch 64
@@ -275,6 +277,16 @@ def es_estimate(es, members, scores: np.ndarray, sigma: float) -> torch.Tensor:
 
 # --- the analysis ----------------------------------------------------------------------------------
 
+def tally(info: dict, trajectories: list, tokens: int) -> None:
+    """Add a batch of episodes to one method's running record (scores, turns, tokens, episodes)."""
+    from esopt.rollout import trajectory_score
+
+    info["scores"] += [trajectory_score(t, "shaped") for t in trajectories]
+    info["turns"] += [t.num_turns for t in trajectories]
+    info["tokens"] += tokens
+    info["episodes"] += len(trajectories)
+
+
 def _seeds(*key: int, n: int) -> list[int]:
     return [int(s) for s in np.random.default_rng([*key, 29]).integers(0, 2**31, size=n)]
 
@@ -405,20 +417,14 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
             scores = np.array([trajectory_score(t, "shaped") for t in trajs])
             adv = baseline_advantages(scores, setup.pg_group)
             acc["pg"].add(pg_estimate(policy, params, trajs, adv, setup.temperature or 1.0, setup.micro_batch))
-            info["pg"]["scores"] += scores.tolist()
-            info["pg"]["turns"] += [t.num_turns for t in trajs]
-            info["pg"]["tokens"] += stats.generated_tokens
-            info["pg"]["episodes"] += len(trajs)
+            tally(info["pg"], trajs, stats.generated_tokens)
             # ES: N members on the same E tasks and sampling seeds (common random numbers)
             members = es.ask(generation=1_000 * h + r)
             tasks, seed = _seeds(setup.seed, h, r, 2, n=setup.member_episodes), _seeds(setup.seed, h, r, 3, n=1)[0]
             with torch.no_grad():
                 results = evaluator.evaluate(members, setup.sigma, tasks, seed, spec)
             for res in results:
-                info["es"]["scores"] += [trajectory_score(t, "shaped") for t in res.trajectories]
-                info["es"]["turns"] += [t.num_turns for t in res.trajectories]
-                info["es"]["tokens"] += res.stats.generated_tokens
-                info["es"]["episodes"] += len(res.trajectories)
+                tally(info["es"], res.trajectories, res.stats.generated_tokens)
             acc["es"].add(es_estimate(es, members, np.array([res.reward for res in results]), setup.sigma))
             if state:
                 state.save_partial(h, {"done": r + 1, "seconds": before + time.perf_counter() - t0, "info": info,
@@ -445,8 +451,8 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
         if state:
             state.finish(h, {"rows": mine, "seconds": took})
         if progress:
-            print("  " + " | ".join(f"{m}: var {r['var']:.3e} rel {r['rel_var']:.2f}" for m in METHODS
-                                    for r in rows[-2:] if r["method"] == m), flush=True)
+            print("  " + " | ".join(f"{r['method']}: trace/D {r['trace_per_dim']:.3e} nsr {_g(r['nsr'])}"
+                                    for r in mine), flush=True)
     # the device kind the noise was drawn on ("auto" resolved; cuda:0 and cuda:1 draw alike): what --merge compares
     return {"setup": {**asdict(setup), "device": torch.device(policy.device).type}, "dim": dim,
             "seconds": seconds, "rows": rows,
