@@ -135,35 +135,35 @@ def test_perturbed_restores_on_exception(restore):
                 torch.testing.assert_close(p, b, rtol=0, atol=2**-21)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("restore", ["exact", "subtract"])
 @pytest.mark.parametrize("fail_at", [5, 77])  # 512-element 0.weight in chunks of 7: mid 0.weight; mid 0.bias
-def test_a_perturbation_interrupted_mid_tensor_is_undone(restore, fail_at, monkeypatch):
+def test_a_perturbation_interrupted_mid_tensor_is_undone(dtype, restore, fail_at, monkeypatch):
     """Ctrl-C while the noise is being written (here: at the fail_at-th chunk drawn) leaves no half-perturbed
     tensor behind: the finished chunks of the interrupted tensor and the finished tensors are undone."""
-    for dtype in (torch.float32, torch.bfloat16):
-        model = small_net(dtype)
-        before = [p.detach().clone() for p in model.parameters()]
-        es = ES(model, ESConfig(population_size=2, restore=restore, sigma=0.5, chunk_numel=7))
-        real, calls = type(es.perturbation).draw, []
+    model = small_net(dtype)
+    before = [p.detach().clone() for p in model.parameters()]
+    es = ES(model, ESConfig(population_size=2, restore=restore, sigma=0.5, chunk_numel=7))
+    real, calls = type(es.perturbation).draw, []
 
-        def flaky(self, *args, **kwargs):
-            calls.append(args[:3])
-            if len(calls) == fail_at:
-                raise KeyboardInterrupt
-            return real(self, *args, **kwargs)
+    def flaky(self, *args, **kwargs):
+        calls.append(args[:3])
+        if len(calls) == fail_at:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
 
-        monkeypatch.setattr(type(es.perturbation), "draw", flaky)
-        with pytest.raises(KeyboardInterrupt), es.perturbed(es.ask()[0]):
-            pass
-        monkeypatch.undo()
-        assert calls[fail_at - 1][1] == ("0.weight" if fail_at < 74 else "0.bias")
-        for p, b in zip(model.parameters(), before):
-            if restore == "exact":
-                assert torch.equal(p, b)
-            elif dtype == torch.float32:
-                torch.testing.assert_close(p, b, rtol=0, atol=2**-21)
-        with es.perturbed(es.ask()[0]):  # nothing is left "still applied"
-            pass
+    monkeypatch.setattr(type(es.perturbation), "draw", flaky)
+    with pytest.raises(KeyboardInterrupt), es.perturbed(es.ask()[0]):
+        pass
+    monkeypatch.undo()
+    assert calls[fail_at - 1][1] == ("0.weight" if fail_at < 74 else "0.bias")
+    for p, b in zip(model.parameters(), before):
+        if restore == "exact":
+            assert torch.equal(p, b)
+        elif dtype == torch.float32:
+            torch.testing.assert_close(p, b, rtol=0, atol=2**-21)
+    with es.perturbed(es.ask()[0]):  # nothing is left "still applied"
+        pass
 
 
 def test_nested_perturbation_is_refused():

@@ -165,9 +165,10 @@ def test_kl_k3_is_nonnegative_and_masked_padding_never_overflows():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     kl = kl_k3(logp, ref, mask)
     assert kl[0, 0] == 0 and kl[0, 1] > 0 and kl[0, 2] == 0 and torch.isfinite(kl).all()
-    b = _batch_with(torch.tensor([[0.0, 0.0, -100.0]]), torch.tensor([1.0]), mask)
-    loss, _ = policy_loss(logp, b, PGSection(), minibatch_norm(b, torch.arange(1)))
-    assert torch.isfinite(loss)
+    for adv in (1.0, -1.0):  # a negative advantage takes the unclipped ratio: an overflow there would be inf
+        b = _batch_with(torch.tensor([[0.0, 0.0, -100.0]]), torch.tensor([adv]), mask)
+        loss, stats = policy_loss(logp, b, PGSection(), minibatch_norm(b, torch.arange(1)))
+        assert torch.isfinite(loss) and all(math.isfinite(total) for total, _ in stats.values()), (adv, stats)
 
 
 def test_aggregate_token_vs_seq_mean_and_accumulation_equals_full_batch():
