@@ -434,19 +434,8 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
                 left = took / (r + 1 - start) * (setup.repeats - r - 1)
                 print(f"H*={h} repetition {r + 1}/{setup.repeats} | {before + took:.0f}s | ~{left / 60:.0f} min "
                       f"left at H*={h}", flush=True)
-        mean_pg, mean_es = acc["pg"].mean, acc["es"].mean
-        cos = float(mean_pg @ mean_es / (mean_pg.norm() * mean_es.norm() + 1e-30))
-        for m in METHODS:
-            i = info[m]
-            rows.append({"method": m, "h_star": h, **acc[m].result(), "cos_pg_es": cos,
-                         "score_mean": float(np.mean(i["scores"])), "score_std": float(np.std(i["scores"])),
-                         "mean_turns": float(np.mean(i["turns"])),
-                         "tokens_per_episode": i["tokens"] / max(i["episodes"], 1),
-                         "episodes_per_estimate": i["episodes"] // setup.repeats})
-            sv = rows[-1]["score_std"] ** 2
-            rows[-1]["var_per_score_var"] = rows[-1]["var"] / sv if sv > 0 else math.inf
-            rows[-1]["trace_per_score_var"] = rows[-1]["trace_per_dim"] / sv if sv > 0 else math.inf
-        mine, took = rows[-len(METHODS):], before + time.perf_counter() - t0
+        mine, took = horizon_rows(h, acc, info, setup.repeats), before + time.perf_counter() - t0
+        rows += mine
         seconds += took
         if state:
             state.finish(h, {"rows": mine, "seconds": took})
@@ -457,6 +446,26 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
     return {"setup": {**asdict(setup), "device": torch.device(policy.device).type}, "dim": dim,
             "seconds": seconds, "rows": rows,
             "fits": fits_per_method(rows)}
+
+
+def horizon_rows(h: int, acc: dict[str, ProjectionStats], info: dict[str, dict], repeats: int) -> list[dict]:
+    """One H*'s rows (PG, then ES) from its accumulated estimates and episode records."""
+    mean_pg, mean_es = acc["pg"].mean, acc["es"].mean
+    cos = float(mean_pg @ mean_es / (mean_pg.norm() * mean_es.norm() + 1e-30))
+    return [with_score_ratios({
+        "method": m, "h_star": h, **acc[m].result(), "cos_pg_es": cos,
+        "score_mean": float(np.mean(info[m]["scores"])), "score_std": float(np.std(info[m]["scores"])),
+        "mean_turns": float(np.mean(info[m]["turns"])),
+        "tokens_per_episode": info[m]["tokens"] / max(info[m]["episodes"], 1),
+        "episodes_per_estimate": info[m]["episodes"] // repeats}) for m in METHODS]
+
+
+def with_score_ratios(row: dict) -> dict:
+    """var and trace/D over the episode scores' variance (inf when the scores do not vary); kept if present."""
+    sv = row["score_std"] ** 2
+    for q, ratio in (("var", "var_per_score_var"), ("trace_per_dim", "trace_per_score_var")):
+        row.setdefault(ratio, row[q] / sv if sv > 0 else math.inf)
+    return row
 
 
 FITTED = ("trace_per_dim", "trace_per_score_var", "nsr", "var", "rel_var", "var_per_score_var")
@@ -515,9 +524,8 @@ def load_result(path: str) -> dict:
     if missing:
         raise ValueError(f"--merge {path}: not a variance.json (no {', '.join(sorted(missing))})")
     result["setup"] = with_old_defaults(result["setup"])
-    for row in result["rows"]:  # written before this column existed
-        sv = row["score_std"] ** 2
-        row.setdefault("trace_per_score_var", row["trace_per_dim"] / sv if sv > 0 else math.inf)
+    for row in result["rows"]:  # files written before trace_per_score_var existed gain it
+        with_score_ratios(row)
     return result
 
 
