@@ -240,15 +240,16 @@ def _ratio(a: float, b: float) -> str:
     return "n/a" if not b or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
 
 
-def _episodes(runs: list[RunResult], which: str) -> tuple[list[int], list[int]]:
-    """Concatenated per-episode success of `which` eval ("eval_before"/"eval_after") over runs in seed order,
-    with the base's episodes repeated alongside (every run at one H* evaluates the same tasks and seeds)."""
-    after, base = [], []
-    for r in sorted(runs, key=lambda r: r.seed):
-        if r.summary.get(which) and r.summary.get("eval_before"):
-            after += r.summary[which]["episode_success"]
-            base += r.summary["eval_before"]["episode_success"]
-    return base, after
+def _episodes(runs: list[RunResult], which: str) -> dict[int, tuple[list[int], list[int]]]:
+    """Per seed: the base's per-episode success and that of `which` eval ("eval_before"/"eval_after"). Every
+    run at one H* evaluates the same tasks, and each seed the same sampling seeds, so episodes pair up."""
+    return {r.seed: (r.summary["eval_before"]["episode_success"], r.summary[which]["episode_success"])
+            for r in runs if r.summary.get(which) and r.summary.get("eval_before")}
+
+
+def _pooled(by_seed: dict[int, tuple[list[int], list[int]]], seeds: list[int], which: int) -> list[int]:
+    """The seeds' episodes concatenated in seed order (which: 0 the base, 1 the run)."""
+    return [x for s in seeds for x in by_seed[s][which]]
 
 
 def paired_lines(plan: Plan, results: list[RunResult]) -> list[str]:
@@ -263,14 +264,15 @@ def paired_lines(plan: Plan, results: list[RunResult]) -> list[str]:
              "valid-move rate and correct-given-valid of the final eval (mean over seeds; base in brackets).", "",
              "| H* | method | episodes | success | change vs base | McNemar p | valid moves | correct given valid |",
              "|---|---|---|---|---|---|---|---|"]
-    final: dict[tuple[str, int], list[int]] = {}
+    final: dict[tuple[str, int], dict[int, tuple[list[int], list[int]]]] = {}
     for h in plan.h_stars:
         for m in plan.methods:
             runs = [r for r in results if r.method == m and r.h_star == h and r.summary.get("eval_after")]
-            base, after = _episodes(runs, "eval_after")
-            if not after:
+            by_seed = _episodes(runs, "eval_after")
+            if not by_seed:
                 continue
-            final[(m, h)] = after
+            final[(m, h)] = by_seed
+            base, after = _pooled(by_seed, sorted(by_seed), 0), _pooled(by_seed, sorted(by_seed), 1)
             d = paired_difference(base, after, tasks=plan.eval_tasks)
             ev = [r.summary["eval_after"] for r in runs]
             b0 = runs[0].summary["eval_before"]
@@ -278,15 +280,31 @@ def paired_lines(plan: Plan, results: list[RunResult]) -> list[str]:
                          f"{fmt_change(d)} | {mcnemar_p(base, after):.3g} | "
                          f"{_mean([e['valid_action_rate'] for e in ev]):.3f} ({b0['valid_action_rate']:.3f}) | "
                          f"{_mean([e['correct_given_valid'] for e in ev]):.3f} ({b0['correct_given_valid']:.3f}) |")
-    duels = [(h, other) for h in plan.h_stars for other in ("grpo", "ppo")
-             if ("es", h) in final and (other, h) in final and len(final[("es", h)]) == len(final[(other, h)])]
-    if duels:
-        lines += ["", "ES against each baseline (same tasks, seeds matched):", "",
-                  "| H* | comparison | ES - baseline [95%] | McNemar p |", "|---|---|---|---|"]
-        for h, other in duels:
-            es, them = final[("es", h)], final[(other, h)]
-            lines.append(f"| {h} | ES vs {LABELS[other]} | {fmt_change(paired_difference(them, es, plan.eval_tasks))}"
+    return lines + _duel_lines(plan, final)
+
+
+def _duel_lines(plan: Plan, final: dict) -> list[str]:
+    """ES against each baseline on the seeds both ran (the same tasks and sampling seeds pair up): a baseline
+    with fewer seeds is still compared, on those seeds, and the line says which."""
+    from esopt.utils.report import fmt_change
+    from esopt.utils.stats import mcnemar_p, paired_difference
+
+    lines = []
+    for h in plan.h_stars:
+        for other in ("grpo", "ppo"):
+            if ("es", h) not in final or (other, h) not in final:
+                continue
+            seeds = sorted(set(final[("es", h)]) & set(final[(other, h)]))
+            es, them = _pooled(final[("es", h)], seeds, 1), _pooled(final[(other, h)], seeds, 1)
+            if not seeds or len(es) != len(them):
+                continue
+            label = f"ES vs {LABELS[other]}" + ("" if len(seeds) == len(plan.seeds) else
+                                                 f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})")
+            lines.append(f"| {h} | {label} | {fmt_change(paired_difference(them, es, plan.eval_tasks))}"
                          f" | {mcnemar_p(them, es):.3g} |")
+    if lines:
+        lines = ["", "ES against each baseline (same tasks, seeds matched):", "",
+                 "| H* | comparison | ES - baseline [95%] | McNemar p |", "|---|---|---|---|", *lines]
     return lines
 
 

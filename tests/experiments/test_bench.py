@@ -123,6 +123,25 @@ def test_paired_table_against_the_base_and_between_methods():
     assert "+0.500 [" in duel and "| 0.125 |" in duel
 
 
+def test_es_is_compared_with_a_baseline_on_the_seeds_both_ran():
+    """ES ran seeds 0 and 1, PPO only seed 1: the duel pairs ES's seed 1 with PPO's seed 1 (not seed 0 with
+    seed 1, nor skipped), and says which seed it used."""
+    plan = horizon.Plan(**{**horizon.PRESETS["smoke"], "h_stars": [2], "eval_tasks": 8, "seeds": [0, 1],
+                           "methods": ["es", "ppo"]})
+    base = {"episode_success": [0] * 8, "valid_action_rate": 0.5, "correct_given_valid": 0.25}
+
+    def run(method, seed, successes):
+        return horizon.RunResult(method, 2, seed, {"eval_before": base, "eval_after": {**base, "episode_success":
+                                                                                     successes}}, [], [], 8, None)
+
+    lines = horizon.paired_lines(plan, [run("es", 0, [1] * 8), run("es", 1, [0] * 8), run("ppo", 1, [1] * 4 + [0] * 4)])
+    duel = next(line for line in lines if "ES vs PPO" in line)
+    assert "ES vs PPO (seed 1)" in duel and "| -0.500 [" in duel and "| 0.125 |" in duel
+    both = horizon.paired_lines(plan, [run("es", 0, [1] * 8), run("es", 1, [0] * 8),
+                                       run("ppo", 0, [0] * 8), run("ppo", 1, [0] * 8)])
+    assert "| 2 | ES vs PPO | +0.500 [" in next(line for line in both if "ES vs PPO" in line)
+
+
 @pytest.mark.slow
 def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypatch):
     import esopt.train.loop as loop
