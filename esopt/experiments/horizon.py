@@ -33,6 +33,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -81,8 +82,9 @@ class Plan:
             raise ValueError(f"unknown method(s) {bad}; choose from {list(METHODS)}")
         if self.size not in (4, 6, 9):
             raise ValueError(f"--size must be 4, 6 or 9 (got {self.size})")
-        if bad := [h for h in self.h_stars if not 1 <= h <= self.size ** 2]:
-            raise ValueError(f"--h-stars {bad} out of range 1..{self.size ** 2} for a {self.size}x{self.size} board")
+        if out_of_range := [h for h in self.h_stars if not 1 <= h <= self.size ** 2]:
+            raise ValueError(f"--h-stars {out_of_range} out of range 1..{self.size ** 2} "
+                             f"for a {self.size}x{self.size} board")
         if self.population % 2 or m % self.population:
             raise ValueError(f"--episodes-per-step ({m}) must be a multiple of the ES population ({self.population}), "
                              "which must be even (antithetic pairs)")
@@ -225,7 +227,7 @@ def load_results(plan: Plan, out: Path) -> list[RunResult]:
     return results
 
 
-def _mean(xs: list[float]) -> float:
+def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
