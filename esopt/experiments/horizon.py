@@ -75,6 +75,8 @@ class Plan:
     max_new_tokens: int = 10
     temperature: float = SamplingParams.temperature
     overrides: list[str] = field(default_factory=list)  # `--set` dotted overrides
+    curve_every: int = 0  # learning curve: validation success every k steps (0: off)
+    curve_tasks: int = 32  # validation tasks per learning-curve eval
 
     def check(self) -> None:
         m = self.episodes_per_step
@@ -90,6 +92,9 @@ class Plan:
                              "which must be even (antithetic pairs)")
         if m % self.group_size:
             raise ValueError(f"--episodes-per-step ({m}) must be a multiple of the GRPO group size ({self.group_size})")
+        if self.curve_every < 0 or self.curve_tasks < 1:
+            raise ValueError(f"--curve-every must be >= 0 and --curve-tasks >= 1 (got {self.curve_every}, "
+                             f"{self.curve_tasks})")
         if not (self.h_stars and self.seeds and self.methods):
             raise ValueError("need at least one method, one H* and one seed")
 
@@ -98,16 +103,18 @@ PRESETS: dict[str, dict] = {
     "cpu": dict(h_stars=[5, 10, 15], seeds=[0, 1, 2], steps=8, episodes_per_step=32, population=8, group_size=8,
                 eval_tasks=32, eval_every=2, warm_start_steps=800, measure_inference_peak=True, isolate=True),
     "smoke": dict(h_stars=[1, 2], seeds=[0], steps=2, episodes_per_step=8, population=4, group_size=4,
-                  eval_tasks=4, eval_every=0, warm_start_steps=60, measure_inference_peak=False, isolate=False),
+                  eval_tasks=4, eval_every=0, warm_start_steps=60, measure_inference_peak=False, isolate=False,
+                  curve_every=1, curve_tasks=2),
     # SmolLM2 on the setting calibrated in results/horizon_pretrained.md (validation split): 4x4 boards, each
     # empty cell listed with its candidate digits, two worked examples that each show a whole solved episode;
     # base success 0.36 / 0.23 / 0.00 at H* 1 / 2 / 4 (greedy). Sampling at T=0.3 for every method (GRPO's
     # groups need diverse rollouts), top-p 1, top-k 0. Sized for a multi-hour CPU run in the background.
     # fp32 on every CPU, so a table does not change with the CPU type (`auto` picks bf16 where the CPU has it);
-    # evals in generate calls of at most 128 rows (512 rows of few-shot KV at once held 10 GB).
+    # evals in generate calls of at most 128 rows (512 rows of few-shot KV at once held 10 GB). The learning
+    # curve: 32 validation tasks every 2 steps (the H* 1/2/4 tables ran before it existed, without).
     "smollm2": dict(h_stars=[1, 2, 4], seeds=[0, 1, 2], steps=8, episodes_per_step=32, population=8,
                     group_size=4, eval_tasks=512, eval_every=0, warm_start_steps=0, measure_inference_peak=True,
-                    isolate=True, model="smollm2", temperature=0.3,
+                    isolate=True, model="smollm2", temperature=0.3, curve_every=2,
                     overrides=["env.kwargs.hints=candidates", "env.kwargs.examples=episode", "env.few_shot=2",
                                "sampling.top_p=1.0", "sampling.top_k=0", "model.dtype=float32",
                                "max_batch_size=128"]),
@@ -131,7 +138,8 @@ def run_config(plan: Plan, method: str, h_star: int, seed: int):
                                           if plan.model == "tiny-sudoku" else {})},
         "env": {"id": "esopt/Sudoku-v0", "kwargs": {"size": plan.size, "h_star": h_star, "reward": "binary"}},
         "sampling": {"temperature": plan.temperature, "top_p": 0.8, "top_k": 20, "max_new_tokens": plan.max_new_tokens},
-        "eval": {"every": plan.eval_every, "tasks": plan.eval_tasks, "repeats": 1},
+        "eval": {"every": plan.eval_every, "tasks": plan.eval_tasks, "repeats": 1, "curve_every": plan.curve_every,
+                 "curve_tasks": plan.curve_tasks},
         "checkpoint_every": max(1, plan.steps // 2), "keep_checkpoints": 1,
         # the inference-only probe costs a process start: once per (method, H*) is enough
         "measure_inference_peak": plan.measure_inference_peak and seed == plan.seeds[0],
@@ -183,6 +191,7 @@ class RunResult:
     episodes_per_step: int
     wall_seconds: float | None
     flops_per_token_param: float = 2.0  # model FLOPs per (rollout token x parameter): 2 forward; PG adds updates
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation success): eval.curve_every
 
 
 def flops_per_token_param(config) -> float:
@@ -223,7 +232,8 @@ def load_results(plan: Plan, out: Path) -> list[RunResult]:
                     sorted((r["step"], r["success_rate"], r.get("shaped_reward", math.nan))
                            for r in rows if r["kind"] == "eval"),
                     [r for r in rows if r["kind"] == "train"], config.episodes_per_step,
-                    bench.get("wall_seconds"), flops_per_token_param(config)))
+                    bench.get("wall_seconds"), flops_per_token_param(config),
+                    sorted((r["step"], r["success_rate"]) for r in rows if r["kind"] == "curve")))
     return results
 
 
@@ -423,11 +433,15 @@ def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
     def curves(r: RunResult, row: int) -> dict[int, float]:
         if row < 2:
             return {e[0] * r.episodes_per_step: e[row + 1] for e in r.evals}
+        if row == 3:
+            return {step * r.episodes_per_step: success for step, success in r.curve}
         return {int(t["step"]) * r.episodes_per_step: t["success_rate"] for t in r.train_rows if "success_rate" in t}
 
     n = len(plan.h_stars)
-    fig, axes = plt.subplots(3, n, figsize=(4.2 * n, 9.3), squeeze=False)
-    labels = ("held-out success", "held-out shaped score", "training rollouts' success")
+    labels = ["held-out success", "held-out shaped score", "training rollouts' success"]
+    if any(r.curve for r in results):
+        labels.append(f"validation success ({plan.curve_tasks} tasks)")
+    fig, axes = plt.subplots(len(labels), n, figsize=(4.2 * n, 3.1 * len(labels)), squeeze=False)
     for row, label in enumerate(labels):
         for ax, h in zip(axes[row], plan.h_stars):
             for m in plan.methods:
@@ -480,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, help="GRPO group size G (M/G tasks per step)")
     p.add_argument("--eval-tasks", type=int, help="held-out tasks per eval")
     p.add_argument("--eval-every", type=int, help="eval every k steps (0: only first and last)")
+    p.add_argument("--curve-every", type=int,
+                   help="learning curve: success on --curve-tasks validation tasks every k steps (0: off)")
+    p.add_argument("--curve-tasks", type=int, help="validation tasks per learning-curve eval (default 32)")
     p.add_argument("--warm-start-steps", type=int, help="supervised steps of the tiny-sudoku warm start")
     p.add_argument("--reward", choices=["success", "shaped", "env"], help="training score of every method")
     p.add_argument("--temperature", type=float, help="sampling temperature of every method's rollouts and evals")
@@ -514,7 +531,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
               "episodes_per_step": args.episodes_per_step, "population": args.population,
               "group_size": args.group_size, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
               "warm_start_steps": args.warm_start_steps, "reward": args.reward, "isolate": args.isolate,
-              "model": args.model, "temperature": args.temperature}
+              "model": args.model, "temperature": args.temperature, "curve_every": args.curve_every,
+              "curve_tasks": args.curve_tasks}
     plan = replace(plan, **{k: v for k, v in fields.items() if v is not None},
                    overrides=[*plan.overrides, *args.overrides])  # the preset's, then the command line's
     if args.no_memory_probe:

@@ -92,6 +92,10 @@ class EvalSection(Section):
     base_cache: str | None = Field(
         None, description="folder caching the starting model's eval by everything that determines it (model, env, "
                           "sampling, eval tasks, batch size, torch, CPU, threads): runs that share a base reuse it")
+    curve_every: int = Field(
+        0, ge=0, description="every k steps (and before the first), success on `curve_tasks` validation tasks: the "
+                             "learning curve (0: off); the held-out evals above are unchanged")
+    curve_tasks: int = Field(32, ge=1, description="validation tasks of each learning-curve eval")
 
 
 class BaseTrainConfig(Section):

@@ -49,6 +49,15 @@ def evaluate(policy: Engine, config: BaseTrainConfig, spec: RolloutSpec, make_en
 LABEL_KEYS = ("task", "template", "tier", "eval_types")
 
 
+def curve_config(config: BaseTrainConfig) -> BaseTrainConfig | None:
+    """The config of the learning-curve evals (`eval.curve_every`): `curve_tasks` validation tasks, one rollout
+    each, the run's sampling; None when they are off."""
+    if not config.eval.curve_every:
+        return None
+    curve = config.eval.model_copy(update={"split": "validation", "tasks": config.eval.curve_tasks, "repeats": 1})
+    return config.model_copy(update={"eval": curve})
+
+
 def episode_labels(trajectories) -> dict[str, list[str]]:
     """{key: one label per episode} for each of LABEL_KEYS that the last turn's info of some episode carries."""
     last = [t.turns[-1].info if t.turns else {} for t in trajectories]
@@ -64,7 +73,7 @@ def base_eval_key(config: BaseTrainConfig) -> str:
 
     what = {"model": config.model.model_dump(), "env": config.env.model_dump(),
             "sampling": config.sampling.model_dump(), "max_batch_size": config.max_batch_size,
-            "eval": config.eval.model_dump(exclude={"every", "base_cache"}),
+            "eval": config.eval.model_dump(exclude={"every", "base_cache", "curve_every", "curve_tasks"}),
             "torch": torch.__version__, "cpu": cpu_model(), "threads": torch.get_num_threads()}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
 

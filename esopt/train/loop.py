@@ -21,7 +21,7 @@ from typing import Protocol
 
 from esopt.engines.base import Engine
 from esopt.train.config import BaseTrainConfig
-from esopt.train.evaluate import cached_base_eval, evaluate, rollout_spec
+from esopt.train.evaluate import cached_base_eval, curve_config, evaluate, rollout_spec
 from esopt.train.memprobe import inference_peak_bytes
 from esopt.train.rundir import RunDir, read_summary
 from esopt.train.tasks import env_factory
@@ -74,11 +74,11 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
     """Run (or resume) one training run in `out`; returns the summary."""
     rd = RunDir(out, create=False)
     if resume:
-        done = completed_summary(rd, config)
-        if done is not None:
-            say(f"{rd.root} already finished {done['steps_done']}/{config.steps} steps; nothing to do "
+        finished = completed_summary(rd, config)
+        if finished is not None:
+            say(f"{rd.root} already finished {finished['steps_done']}/{config.steps} steps; nothing to do "
                 f"(raise `steps` to continue it)", progress)
-            return done
+            return finished
     elif rd.holds_run():
         raise FileExistsError(f"{rd.root} already holds a run: use --resume or another --out")
     make_env = env_factory(config)  # bad env settings fail here, before anything is written
@@ -96,15 +96,26 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
     policy = algorithm.policy
     eval_spec = rollout_spec(config, make_env)
 
-    def run_eval(step: int) -> dict:
+    def run_eval(step: int, which: BaseTrainConfig = config, kind: str = "eval") -> dict:
         t = time.perf_counter()
-        if step == 0:  # the starting model: shared by every run of a sweep with the same base (eval.base_cache)
-            result = cached_base_eval(config, lambda: evaluate(policy, config, eval_spec, make_env))
-        else:
-            result = evaluate(policy, config, eval_spec, make_env)
+
+        def compute() -> dict:
+            return evaluate(policy, which, eval_spec, make_env)
+
+        # the starting model's: shared by every run of a sweep with the same base (eval.base_cache)
+        result = cached_base_eval(which, compute) if step == 0 else compute()
         timers.eval += time.perf_counter() - t
-        rd.log(step, "eval", result)
+        rd.log(step, kind, result)
         return result
+
+    curve, curve_steps = curve_config(config), {r["step"] for r in rd.metrics() if r["kind"] == "curve"}
+
+    def run_curve(step: int) -> str:
+        """The learning curve's validation eval at `step`, if one is due and not logged yet: its log fragment."""
+        if curve is None or step % config.eval.curve_every or step in curve_steps:
+            return ""
+        curve_steps.add(step)
+        return f" | validation {run_eval(step, curve, 'curve')['success_rate']:.3f}"
 
     def checkpoint(step: int) -> None:
         rd.save_checkpoint(policy, step, {"algo": config.algo}, config.keep_checkpoints,
@@ -115,8 +126,8 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
     evals = {r["step"]: r for r in rd.metrics() if r["kind"] == "eval"}
     if start not in evals:
         evals[start] = run_eval(start)
-    say(f"eval @ {start}: success {evals[start]['success_rate']:.3f} reward {evals[start]['mean_reward']:.3f}",
-        progress)
+    say(f"eval @ {start}: success {evals[start]['success_rate']:.3f} reward {evals[start]['mean_reward']:.3f}"
+        f"{run_curve(start)}", progress)
     t_start, interrupted, done = time.perf_counter(), False, start
     bar = progress_bar(config.steps, f"{algorithm.unit}s", initial=start) if progress else None
     try:
@@ -132,6 +143,7 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
             if (config.eval.every and done % config.eval.every == 0) or done == config.steps:
                 evals[done] = run_eval(done)
                 line += f" | eval success {evals[done]['success_rate']:.3f}"
+            line += run_curve(done)
             line += f" | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
             say(line, progress)
             if done % config.checkpoint_every == 0 or done == config.steps:

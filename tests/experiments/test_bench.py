@@ -190,6 +190,8 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
         assert episodes[name] == plan.steps * plan.episodes_per_step, name
     results = horizon.load_results(plan, tmp_path)
     assert {r.episodes_per_step for r in results} == {plan.episodes_per_step}
+    # the learning curve: validation success before the first step and after each
+    assert all([step for step, _ in r.curve] == list(range(plan.steps + 1)) for r in results)
     # same sampling for every method
     assert len({load_config(tmp_path / "horizon" / n / "config.yaml").sampling.model_dump_json()
                 for n in names}) == 1

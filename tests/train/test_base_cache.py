@@ -33,9 +33,50 @@ def test_runs_with_one_base_share_its_eval_and_others_do_not(tmp_path, monkeypat
     assert logged[0]["kind"] == "eval" and logged[0]["success_rate"] == first["eval_before"]["success_rate"]
 
 
+def test_learning_curve_evals_run_on_validation_tasks_on_schedule_and_resume_without_repeats(tmp_path, monkeypatch):
+    """eval.curve_every=2 over 4 steps: validation evals at steps 0, 2 and 4 (curve_tasks tasks of the validation
+    split, none of the held-out test tasks); the step-0 one comes from the base cache in a second run; a resumed
+    run adds only the missing curve points."""
+    from esopt.train.tasks import heldout_task_seeds
+
+    seen = []
+
+    def counted(policy, config, *args, _orig=loop.evaluate, **kwargs):
+        seen.append((config.eval.split, tuple(heldout_task_seeds(config))))
+        return _orig(policy, config, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", counted)
+    common = ["steps=4", "eval.tasks=3", "eval.every=0", "eval.curve_every=2", "eval.curve_tasks=2",
+              "measure_inference_peak=false", "es.population_size=2", "es.tasks_per_member=2", "checkpoint_every=1",
+              f"eval.base_cache={tmp_path / 'cache'}"]
+    config = load_config("smoke", common)
+    train(config, tmp_path / "a", progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "curve"] == [0, 2, 4]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 4]
+    curve_seeds = {s for split, s in seen if split == "validation"}
+    test_seeds = {s for split, s in seen if split == "test"}
+    assert len(curve_seeds) == 1 and len(next(iter(curve_seeds))) == 2 and not set(*curve_seeds) & set(*test_seeds)
+    assert sum(split == "validation" for split, _ in seen) == 3
+    seen.clear()
+    train(load_config("smoke", [*common, "seed=3"]), tmp_path / "b", progress=False)
+    assert sum(split == "validation" for split, _ in seen) == 2  # the step-0 point came from the cache
+    # cut the run back to after step 2 (ES resumes from its ledger), then resume: only step 4's point is added
+    history = tmp_path / "a" / "history.jsonl"
+    history.write_text("".join(history.read_text().splitlines(keepends=True)[:2]))
+    (tmp_path / "a" / "summary.json").unlink()
+    seen.clear()
+    train(config, tmp_path / "a", resume=True, progress=False)
+    resumed = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed if r["kind"] == "curve"] == [0, 2, 4]
+    assert sum(split == "validation" for split, _ in seen) == 1
+    assert [r["step"] for r in resumed if r["kind"] == "train"] == [1, 2, 3, 4]
+
+
 def test_the_key_ignores_what_cannot_change_the_base_eval():
     base = load_config("smoke", [])
-    same = [["seed=7"], ["steps=9"], ["es.alpha=0.5"], ["eval.every=3"], ["eval.base_cache=/tmp/x"]]
+    same = [["seed=7"], ["steps=9"], ["es.alpha=0.5"], ["eval.every=3"], ["eval.base_cache=/tmp/x"],
+            ["eval.curve_every=2"], ["eval.curve_tasks=5"]]
     other = [["eval.tasks=5"], ["eval.split=validation"], ["sampling.temperature=0.1"], ["model.seed=3"],
              ["env.few_shot=1"], ["max_batch_size=2"]]
     assert all(base_eval_key(load_config("smoke", o)) == base_eval_key(base) for o in same)
