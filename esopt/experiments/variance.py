@@ -570,8 +570,9 @@ def report(result: dict) -> str:
         "| cos |", "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        se = r.get("trace_se_per_dim", math.nan)  # runs before it was kept have none
         lines.append(f"| {r['h_star']} | {r['method'].upper()} | {r['mean_turns']:.1f} | {r['score_mean']:.3f} ± "
-                     f"{r['score_std']:.3f} | {_g(r['trace_per_dim'])} ± {_g(r.get('trace_se_per_dim', math.nan))} "
+                     f"{r['score_std']:.3f} | {_g(r['trace_per_dim'])}{f' ± {_g(se)}' if math.isfinite(se) else ''} "
                      f"| {_g(r['trace_per_score_var'])}"
                      f" | {_g(r['nsr'])} | {_g(r['var'])} ± {_g(r['var_se'])} | {_g(r['rel_var'])} "
                      f"| {r['cos_pg_es']:.2f} |")
@@ -597,23 +598,29 @@ def plot(result: dict, path: Path) -> Path:
 
     from esopt.utils.plots import save_figure
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    panels = (("trace_per_dim", "trace/D", "variance of the estimate"),
+              ("trace_per_score_var", "trace/D / score var", "per unit score variance"),
+              ("nsr", "trace / |E g|^2 (finite only)", "noise-to-signal (unresolved left out)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 3.8))
+    first = result["rows"][0]["h_star"]
     for k, m in enumerate(METHODS):
         mine = [r for r in result["rows"] if r["method"] == m]
-        for ax, q in zip(axes, ("trace_per_dim", "nsr")):
+        for ax, (q, _, _) in zip(axes, panels):
             pts = [(r["h_star"], r[q]) for r in mine if math.isfinite(r[q]) and r[q] > 0]
-            # raw variances differ by orders of magnitude between methods: plot trace/D relative to the first H*
-            ref = pts[0][1] if q == "trace_per_dim" and pts else 1.0
+            # the methods' variances differ by orders of magnitude: variances are relative to the first H*
+            ref = pts[0][1] if q != "nsr" and pts else 1.0
             ax.plot([h for h, _ in pts], [v / ref for _, v in pts], marker="o", color=f"C{k}", label=m.upper())
-            f = result["fits"][m][q]["log_var_vs_h"]
+            f = result["fits"][m][q]["log_var_vs_log_h"]
             if math.isfinite(f["slope"]):
                 hs = [h for h, _ in pts]
-                ax.plot(hs, [math.exp(f["intercept"] + f["slope"] * h) / ref for h in hs], "--", color=f"C{k}",
-                        alpha=0.6, label=f"{m.upper()} fit: ln {q} slope {f['slope']:.2f}/H*")
-    axes[0].set(yscale="log", xlabel="H*", ylabel=f"trace/D relative to H*={result['rows'][0]['h_star']}",
-                title="variance of the gradient estimate (relative)")
-    axes[1].set(yscale="log", xlabel="H*", ylabel="trace / |E g|^2 (finite only)",
-                title="noise-to-signal (nsr; unresolved points left out)")
+                ax.plot(hs, [math.exp(f["intercept"]) * h ** f["slope"] / ref for h in hs], "--", color=f"C{k}",
+                        alpha=0.6, label=f"{m.upper()} fit: H*^{f['slope']:.2f}")
+    hs = sorted({r["h_star"] for r in result["rows"]})
+    for ax, (q, label, title) in zip(axes, panels):
+        ax.set(xscale="log", yscale="log", xlabel="H*", title=title,
+               ylabel=label if q == "nsr" else f"{label}, relative to H*={first}")
+        ax.set_xticks(hs, [str(h) for h in hs])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     for ax in axes:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
