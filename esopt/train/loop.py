@@ -94,28 +94,7 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
             shutil.rmtree(rd.root, ignore_errors=True)
         raise
     policy = algorithm.policy
-    eval_spec = rollout_spec(config, make_env)
-
-    def run_eval(step: int, which: BaseTrainConfig = config, kind: str = "eval") -> dict:
-        t = time.perf_counter()
-
-        def compute() -> dict:
-            return evaluate(policy, which, eval_spec, make_env)
-
-        # the starting model's: shared by every run of a sweep with the same base (eval.base_cache)
-        result = cached_base_eval(which, compute) if step == 0 else compute()
-        timers.eval += time.perf_counter() - t
-        rd.log(step, kind, result)
-        return result
-
-    curve, curve_steps = curve_config(config), {r["step"] for r in rd.metrics() if r["kind"] == "curve"}
-
-    def run_curve(step: int) -> str:
-        """The learning curve's validation eval at `step`, if one is due and not logged yet: its log fragment."""
-        if curve is None or step % config.eval.curve_every or step in curve_steps:
-            return ""
-        curve_steps.add(step)
-        return f" | validation {run_eval(step, curve, 'curve')['success_rate']:.3f}"
+    evals = RunEvals(rd, config, policy, make_env, timers)
 
     def checkpoint(step: int) -> None:
         rd.save_checkpoint(policy, step, {"algo": config.algo}, config.keep_checkpoints,
@@ -123,11 +102,9 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
 
     if resume:
         say(f"resuming {rd.root} at {algorithm.unit} {start}/{config.steps}", progress)
-    evals = {r["step"]: r for r in rd.metrics() if r["kind"] == "eval"}
-    if start not in evals:
-        evals[start] = run_eval(start)
-    say(f"eval @ {start}: success {evals[start]['success_rate']:.3f} reward {evals[start]['mean_reward']:.3f}"
-        f"{run_curve(start)}", progress)
+    first = evals.held_out_at(start)
+    say(f"eval @ {start}: success {first['success_rate']:.3f} reward {first['mean_reward']:.3f}"
+        f"{evals.curve_at(start)}", progress)
     t_start, interrupted, done = time.perf_counter(), False, start
     bar = progress_bar(config.steps, f"{algorithm.unit}s", initial=start) if progress else None
     try:
@@ -141,9 +118,8 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
             line = (f"{algorithm.unit} {done}/{config.steps} | reward mean {row['reward_mean']:.3f} "
                     f"max {row['reward_max']:.3f}{algorithm.describe(row)}")
             if (config.eval.every and done % config.eval.every == 0) or done == config.steps:
-                evals[done] = run_eval(done)
-                line += f" | eval success {evals[done]['success_rate']:.3f}"
-            line += run_curve(done)
+                line += f" | eval success {evals.held_out_at(done)['success_rate']:.3f}"
+            line += evals.curve_at(done)
             line += f" | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
             say(line, progress)
             if done % config.checkpoint_every == 0 or done == config.steps:
@@ -159,8 +135,45 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
         if bar:
             bar.close()
         algorithm.close()  # worker processes, clusters
-    return finish(rd, algorithm, config, timers, evals, start, done, time.perf_counter() - t_start, interrupted,
-                  progress)
+    return finish(rd, algorithm, config, timers, evals.held_out, start, done, time.perf_counter() - t_start,
+                  interrupted, progress)
+
+
+class RunEvals:
+    """A run's evals, each logged to its run dir: the held-out ones and the validation learning curve
+    (`eval.curve_every`). A step already logged (a resumed run's) is not evaluated again."""
+
+    def __init__(self, rd: RunDir, config: BaseTrainConfig, policy: Engine, make_env: Callable, timers: Timers):
+        self.rd, self.config, self.policy, self.make_env, self.timers = rd, config, policy, make_env, timers
+        self.spec = rollout_spec(config, make_env)
+        self.curve = curve_config(config)
+        logged = rd.metrics()
+        self.held_out = {r["step"]: r for r in logged if r["kind"] == "eval"}
+        self.curve_steps = {r["step"] for r in logged if r["kind"] == "curve"}
+
+    def _run(self, step: int, which: BaseTrainConfig, kind: str) -> dict:
+        t = time.perf_counter()
+
+        def compute() -> dict:
+            return evaluate(self.policy, which, self.spec, self.make_env)
+
+        # the starting model's: shared by every run of a sweep with the same base (eval.base_cache)
+        result = cached_base_eval(which, compute) if step == 0 else compute()
+        self.timers.eval += time.perf_counter() - t
+        self.rd.log(step, kind, result)
+        return result
+
+    def held_out_at(self, step: int) -> dict:
+        if step not in self.held_out:
+            self.held_out[step] = self._run(step, self.config, "eval")
+        return self.held_out[step]
+
+    def curve_at(self, step: int) -> str:
+        """The learning curve's validation eval at `step`, if one is due and not logged yet: its log fragment."""
+        if self.curve is None or step % self.config.eval.curve_every or step in self.curve_steps:
+            return ""
+        self.curve_steps.add(step)
+        return f" | validation {self._run(step, self.curve, 'curve')['success_rate']:.3f}"
 
 
 def completed_summary(rd: RunDir, config: BaseTrainConfig) -> dict | None:
