@@ -414,7 +414,10 @@ def report(plan: Plan, results: list[RunResult]) -> str:
     lines += ["", "Estimated model FLOPs per step: (prompt + generated tokens) x parameters x 2 for the rollout "
               "(no credit for shared-prefix reuse), plus 6 per epoch (forward and backward over every turn's "
               "prompt and reply) and 2 for a KL reference, for GRPO and PPO.", "",
-              "## Eval curves", "", "![held-out success and shaped score vs step, one panel per H*](horizon.png)",
+              "## Curves", "", "Against training episodes, one column per H*: held-out success and shaped score (first "
+              "and last eval unless --eval-every), the training rollouts' success every step, and validation "
+              "success every --curve-every steps (when on).", "",
+              "![held-out, training and validation success vs training episodes, one column per H*](horizon.png)",
               ""]
     return "\n".join(lines)
 
