@@ -92,9 +92,6 @@ class Plan:
                              "which must be even (antithetic pairs)")
         if m % self.group_size:
             raise ValueError(f"--episodes-per-step ({m}) must be a multiple of the GRPO group size ({self.group_size})")
-        if self.curve_every < 0 or self.curve_tasks < 1:
-            raise ValueError(f"--curve-every must be >= 0 and --curve-tasks >= 1 (got {self.curve_every}, "
-                             f"{self.curve_tasks})")
         if not (self.h_stars and self.seeds and self.methods):
             raise ValueError("need at least one method, one H* and one seed")
 

@@ -277,14 +277,17 @@ def es_estimate(es, members, scores: np.ndarray, sigma: float) -> torch.Tensor:
 
 # --- the analysis ----------------------------------------------------------------------------------
 
-def tally(info: dict, trajectories: list, tokens: int) -> None:
-    """Add a batch of episodes to one method's running record (scores, turns, tokens, episodes)."""
+def tally(info: dict, trajectories: list, tokens: int) -> list[float]:
+    """Add a batch of episodes to one method's running record (scores, turns, tokens, episodes); returns the
+    batch's shaped scores."""
     from esopt.rollout import trajectory_score
 
-    info["scores"] += [trajectory_score(t, "shaped") for t in trajectories]
+    scores = [trajectory_score(t, "shaped") for t in trajectories]
+    info["scores"] += scores
     info["turns"] += [t.num_turns for t in trajectories]
     info["tokens"] += tokens
     info["episodes"] += len(trajectories)
+    return scores
 
 
 def _seeds(*key: int, n: int) -> list[int]:
@@ -372,7 +375,7 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
     from esopt.envs import make_env
     from esopt.es import ES, ESConfig, ParamScope, select_parameters
     from esopt.population import PopulationContext, build_evaluator
-    from esopt.rollout import RolloutSpec, env_examples, trajectory_score
+    from esopt.rollout import RolloutSpec, env_examples
 
     setup.check()
     policy = fixed_model(setup)
@@ -414,10 +417,9 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
             tasks = [s for s in _seeds(setup.seed, h, r, 0, n=setup.batch // setup.pg_group)
                      for _ in range(setup.pg_group)]
             trajs, stats = spec.run(policy, make, tasks, seed=_seeds(setup.seed, h, r, 1, n=1)[0])
-            scores = np.array([trajectory_score(t, "shaped") for t in trajs])
+            scores = np.array(tally(info["pg"], trajs, stats.generated_tokens))
             adv = baseline_advantages(scores, setup.pg_group)
             acc["pg"].add(pg_estimate(policy, params, trajs, adv, setup.temperature or 1.0, setup.micro_batch))
-            tally(info["pg"], trajs, stats.generated_tokens)
             # ES: N members on the same E tasks and sampling seeds (common random numbers)
             members = es.ask(generation=1_000 * h + r)
             tasks, seed = _seeds(setup.seed, h, r, 2, n=setup.member_episodes), _seeds(setup.seed, h, r, 3, n=1)[0]
