@@ -51,28 +51,44 @@ def test_only_cpu_sdpa_models_are_switched():
     assert not use_decode_attention(eager) and eager.config._attn_implementation == "eager"
 
 
-@pytest.mark.parametrize("q_len", [1, 3])
-def test_prefix_attention_matches_sdpa_over_each_rows_own_copy_of_its_prefix(q_len):
-    """Runs of rows sharing one of three prefixes, grouped query heads, masked own positions, one or several
-    queries per row: the same as SDPA over [the row's prefix | its own keys]."""
-    g = torch.Generator().manual_seed(1)
-    batch, heads, kv_heads, dim, p_len, own = 6, 6, 2, 8, 5, 4
-    runs = [(0, 2, 1), (2, 3, 0), (3, 6, 2)]
-    query = torch.randn(batch, heads, q_len, dim, generator=g)
-    key, value = (torch.randn(batch, kv_heads, own, dim, generator=g) for _ in range(2))
-    kp, vp = (torch.randn(3, kv_heads, p_len, dim, generator=g) for _ in range(2))
-    mask = torch.rand(batch, 1, q_len, p_len + own, generator=g) > 0.4
-    mask[..., p_len] = True  # every query sees at least one own position
-    mask[..., :p_len] = False  # the prefix part of the mask is not read: the prefix is visible to every query
-    got = prefix_attention(query, key, value, mask, (kp, vp), runs, dim ** -0.5)  # (B, L, H, D)
+def sdpa_over_copies(query, key, value, mask, kp, vp, runs):
+    """The reference: SDPA over [the row's own copy of its prefix | its own keys], the prefix always visible."""
+    heads, kv_heads, p_len = query.shape[1], key.shape[1], kp.shape[2]
     entry = [e for start, end, e in runs for _ in range(start, end)]
     full_k = torch.cat([kp[entry], key], 2).repeat_interleave(heads // kv_heads, 1)
     full_v = torch.cat([vp[entry], value], 2).repeat_interleave(heads // kv_heads, 1)
     visible = mask.clone()
     visible[..., :p_len] = True
-    expected = torch.nn.functional.scaled_dot_product_attention(query, full_k, full_v, attn_mask=visible)
+    return torch.nn.functional.scaled_dot_product_attention(query, full_k, full_v, attn_mask=visible).transpose(1, 2)
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("own", [4, 0])
+def test_prefix_attention_matches_sdpa_over_each_rows_own_copy_of_its_prefix(q_len, own):
+    """Runs of rows sharing one of three prefixes, grouped query heads, masked own positions (a padded query
+    sees none of them), one or several queries per row, or no own positions at all: the same as SDPA over
+    [the row's prefix | its own keys]."""
+    g = torch.Generator().manual_seed(1)
+    batch, heads, kv_heads, dim, p_len = 6, 6, 2, 8, 5
+    runs = [(0, 2, 1), (2, 3, 0), (3, 6, 2)]
+    query = torch.randn(batch, heads, q_len, dim, generator=g)
+    key, value = (torch.randn(batch, kv_heads, own, dim, generator=g) for _ in range(2))
+    kp, vp = (torch.randn(3, kv_heads, p_len, dim, generator=g) for _ in range(2))
+    mask = torch.rand(batch, 1, q_len, p_len + own, generator=g) > 0.4
+    mask[..., :p_len] = False  # the prefix part of the mask is not read: the prefix is visible to every query
+    if own:
+        mask[1:, :, :, p_len] = True
+        mask[0, :, 0, p_len:] = False  # a padded query: none of its own positions, only the prefix
+    got = prefix_attention(query, key, value, mask, (kp, vp), runs, dim ** -0.5)  # (B, L, H, D)
     assert got.shape == (batch, q_len, heads, dim)
-    assert torch.allclose(got, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+    expected = sdpa_over_copies(query, key, value, mask, kp, vp, runs)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+    additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # a float mask adds
+    assert torch.allclose(prefix_attention(query, key, value, additive, (kp, vp), runs, dim ** -0.5), got, atol=1e-6)
+    # bf16: within bf16 rounding of the fp32 result (the fused kernel keeps the scores in fp32)
+    half = [x.bfloat16() for x in (query, key, value, kp, vp)]
+    low = prefix_attention(*half[:3], mask, (half[3], half[4]), runs, dim ** -0.5)
+    assert low.dtype == torch.bfloat16 and (low.float() - expected).abs().max() < 0.03
 
 
 def test_a_shared_prefix_with_a_softcap_is_refused_not_ignored():
