@@ -115,15 +115,16 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
             row["seconds"] = time.perf_counter() - t_step
             row["peak_memory_bytes"] = peak_memory_bytes(policy.device)
             rd.log(done, "train", row)
+            # saved before the evals: a run killed during a long held-out eval resumes at its eval, not steps back
+            if done % config.checkpoint_every == 0 or done == config.steps:
+                checkpoint(done)
+            curve = evals.curve_at(done)  # the cheap validation point is logged before the held-out eval
             line = (f"{algorithm.unit} {done}/{config.steps} | reward mean {row['reward_mean']:.3f} "
                     f"max {row['reward_max']:.3f}{algorithm.describe(row)}")
             if (config.eval.every and done % config.eval.every == 0) or done == config.steps:
                 line += f" | eval success {evals.held_out_at(done)['success_rate']:.3f}"
-            line += evals.curve_at(done)
-            line += f" | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
+            line += f"{curve} | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
             say(line, progress)
-            if done % config.checkpoint_every == 0 or done == config.steps:
-                checkpoint(done)
             if bar:
                 bar.update(1)
     except KeyboardInterrupt:

@@ -119,3 +119,31 @@ def test_the_inference_memory_probe_rolls_out_no_more_rows_than_one_generate_cal
                  "es.tasks_per_member=2", f"max_batch_size={'null' if max_batch is None else max_batch}"]
     summary = train(load_config("smoke", overrides), tmp_path / "run", progress=False)
     assert asked == [probed] and summary["inference_peak_bytes"] == 1
+
+
+def test_a_run_killed_in_its_final_eval_resumes_at_the_eval_not_steps_back(tmp_path, monkeypatch):
+    """GRPO (weights and optimizer from the checkpoint) over 2 steps with checkpoint_every=5: the last step is
+    saved before its evals, and its validation point logged before the held-out one; a run that dies in the
+    final held-out eval resumes with no training step, only that eval."""
+    from esopt.train.pg.grpo import train as train_grpo
+
+    evals = []
+
+    def dies_in_the_final_test_eval(policy, config, *args, _orig=loop.evaluate, **kwargs):
+        evals.append(config.eval.split)
+        if config.eval.split == "test" and evals.count("test") == 2:
+            raise RuntimeError("killed")
+        return _orig(policy, config, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", dies_in_the_final_test_eval)
+    config = load_config("grpo_smoke", ["steps=2", "eval.tasks=3", "eval.every=0", "eval.curve_every=2",
+                                        "eval.curve_tasks=2", "measure_inference_peak=false", "checkpoint_every=5"])
+    with pytest.raises(RuntimeError, match="killed"):
+        train_grpo(config, tmp_path / "a", progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows if r["kind"] != "train"] == [("eval", 0), ("curve", 0), ("curve", 2)]
+    summary = train_grpo(config, tmp_path / "a", resume=True, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 2] and summary["steps_done"] == 2
+    assert evals[-1] == "test" and evals.count("validation") == 2  # nothing but the final eval was redone
