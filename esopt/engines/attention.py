@@ -50,9 +50,9 @@ def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     kv_heads, (kp, vp), own_len = key.shape[1], prefix, key.shape[2]
     group = heads // kv_heads  # query heads h = k * group + j read kv head k
     q = query.reshape(batch, kv_heads, group * q_len, dim)
-    out = torch.zeros(q.shape)
-    lse = torch.full(q.shape[:3], float("-inf"))
-    if own_len:
+    if not own_len:  # nothing of the rows' own yet: the prefix part alone (weight 0 on this empty part)
+        out, lse = torch.zeros(q.shape), torch.full(q.shape[:3], float("-inf"))
+    else:
         own_mask = None
         if mask is not None:  # bool keeps, float adds; the same for every head of a kv group
             part = mask[:, :, :, kp.shape[2]:kp.shape[2] + own_len]
