@@ -187,18 +187,26 @@ class RunResult:
     train_rows: list[dict]
     episodes_per_step: int
     wall_seconds: float | None
-    flops_per_token_param: float = 2.0  # model FLOPs per (rollout token x parameter): 2 forward; PG adds updates
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation success): eval.curve_every
+    step_flops: list[float] = field(default_factory=list)  # estimated model FLOPs of each training step
 
 
-def flops_per_token_param(config) -> float:
-    """FLOPs per rollout token and parameter of one step: 2 for the rollout's forward pass (an upper estimate:
-    shared-prefix reuse computes less); a policy-gradient step then re-runs every turn's prompt and reply
-    forward and backward (6 per epoch) and, with a KL penalty, through the frozen reference (2)."""
+def step_flops(config, row: dict, parameters: float) -> float:
+    """Estimated model FLOPs of one training step from its token counts, with no credit for shared-prefix reuse
+    (an upper estimate for every method alike). Per token and parameter: 2 for the rollout's forward pass; a
+    policy-gradient update re-runs every turn's prompt and reply, forward and backward (6 per epoch), forward
+    for the old log-probs when samples are reused (2: several epochs or minibatches; PPO always) and through
+    the frozen KL reference (2); PPO's critic reads every prompt for the old values (2) and trains on it (6 per
+    epoch). NaN when the row lacks the token counts."""
+    prompt, generated = row.get("prompt_tokens", math.nan), row.get("generated_tokens", math.nan)
     if config.algo == "es":
-        return 2.0
+        return 2.0 * parameters * (prompt + generated)
     section = getattr(config, config.algo)
-    return 2.0 + 6.0 * section.epochs + (2.0 if section.kl_beta > 0 else 0.0)
+    ppo = config.algo == "ppo"
+    reused = ppo or section.epochs > 1 or row.get("samples", 0) > section.minibatch_size
+    policy = 2.0 + 6.0 * section.epochs + 2.0 * reused + (2.0 if section.kl_beta > 0 else 0.0)
+    critic = 2.0 + 6.0 * section.epochs if ppo else 0.0
+    return parameters * (policy * (prompt + generated) + critic * prompt)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -224,13 +232,15 @@ def load_results(plan: Plan, out: Path) -> list[RunResult]:
                 rows = _rows(run / "metrics.jsonl")
                 bench = json.loads((run / "bench.json").read_text()) if (run / "bench.json").exists() else {}
                 config = load_config(run / "config.yaml")
+                summary = json.loads((run / "summary.json").read_text())
+                train = [r for r in rows if r["kind"] == "train"]
                 results.append(RunResult(
-                    m, h, s, json.loads((run / "summary.json").read_text()),
+                    m, h, s, summary,
                     sorted((r["step"], r["success_rate"], r.get("shaped_reward", math.nan))
                            for r in rows if r["kind"] == "eval"),
-                    [r for r in rows if r["kind"] == "train"], config.episodes_per_step,
-                    bench.get("wall_seconds"), flops_per_token_param(config),
-                    sorted((r["step"], r["success_rate"]) for r in rows if r["kind"] == "curve")))
+                    train, config.episodes_per_step, bench.get("wall_seconds"),
+                    sorted((r["step"], r["success_rate"]) for r in rows if r["kind"] == "curve"),
+                    [step_flops(config, r, summary.get("parameters", math.nan)) for r in train]))
     return results
 
 
@@ -330,7 +340,7 @@ def time_lines(plan: Plan, by: dict, methods: list[str]) -> list[str]:
             sec = _mean([_mean([row["seconds"] for row in r.train_rows]) for r in rs])
             tok = _mean([_mean([row["generated_tokens"] for row in r.train_rows]) for r in rs])
             ptok = _mean([_mean([row.get("prompt_tokens", math.nan) for row in r.train_rows]) for r in rs])
-            flop = _mean([r.flops_per_token_param * r.summary.get("parameters", math.nan) for r in rs]) * (tok + ptok)
+            flop = _mean([_mean(r.step_flops) for r in rs])
             wall = [r.wall_seconds for r in rs if r.wall_seconds is not None]
             wall_s = f"{_mean(wall):.0f}" if wall else "n/a"
             eps = ", ".join(str(x) for x in sorted({r.episodes_per_step for r in rs}))
@@ -409,8 +419,9 @@ def report(plan: Plan, results: list[RunResult]) -> str:
 
     lines += time_lines(plan, by, methods)
     lines += ["", "Estimated model FLOPs per step: (prompt + generated tokens) x parameters x 2 for the rollout "
-              "(no credit for shared-prefix reuse), plus 6 per epoch (forward and backward over every turn's "
-              "prompt and reply) and 2 for a KL reference, for GRPO and PPO.", "",
+              "(no credit for shared-prefix reuse); GRPO and PPO add 6 per epoch (forward and backward over every "
+              "turn's prompt and reply), 2 for the old log-probs when samples are reused (several epochs or "
+              "minibatches), 2 for a KL reference, and PPO's critic 2 + 6 per epoch over the prompts.", "",
               "## Curves", "", "Against training episodes, one column per H*: held-out success and shaped score (first "
               "and last eval unless --eval-every), the training rollouts' success every step, and validation "
               "success every --curve-every steps (when on).", "",

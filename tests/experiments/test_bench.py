@@ -347,11 +347,18 @@ def test_variance_setup_on_the_pretrained_model():
             variance.setup_from_args(parse(bad))
 
 
-def test_flops_per_token_count_the_update_passes():
+def test_step_flops_count_every_pass_each_method_runs():
     plan = horizon.plan_from_args(horizon.build_parser().parse_args(["--preset", "smoke", "--set", "ppo.epochs=3"]))
-    factors = {m: horizon.flops_per_token_param(horizon.run_config(plan, m, 2, 0)) for m in horizon.METHODS}
-    # ES: a forward pass per token; GRPO: + 1 epoch fwd+bwd (6) + KL reference (2); PPO: + 3 epochs + reference
-    assert factors == {"es": 2.0, "grpo": 2.0 + 6.0 + 2.0, "ppo": 2.0 + 18.0 + 2.0}
+    config = {m: horizon.run_config(plan, m, 2, 0) for m in horizon.METHODS}
+    row = {"prompt_tokens": 900, "generated_tokens": 100, "samples": 10}
+    per_token = {m: horizon.step_flops(config[m], row, 1.0) / 1000 for m in horizon.METHODS}
+    # ES: the rollout's forward. GRPO (1 epoch, one minibatch): + fwd+bwd (6) + KL reference (2), no old pass.
+    # PPO: + 3 epochs x 6 + old log-probs (2) + reference (2), and its critic on the 900 prompt tokens: 2 + 3 x 6
+    assert per_token == {"es": 2.0, "grpo": 2.0 + 6.0 + 2.0,
+                         "ppo": 2.0 + 18.0 + 2.0 + 2.0 + (2.0 + 18.0) * 0.9}
+    more = {**row, "samples": config["grpo"].grpo.minibatch_size + 1}  # two minibatches: old log-probs are needed
+    assert horizon.step_flops(config["grpo"], more, 1.0) / 1000 == 2.0 + 6.0 + 2.0 + 2.0
+    assert math.isnan(horizon.step_flops(config["es"], {"generated_tokens": 5}, 1.0))  # an old row: no estimate
 
 
 def test_smollm2_preset_carries_the_calibrated_setting_to_every_method():
