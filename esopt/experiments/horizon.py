@@ -24,6 +24,7 @@ calibrated and tuned, and the CPU budget per step, are in results/horizon.md.
     esopt bench horizon --seeds 0 1 2 3 --resume   # add a seed, keep the finished runs
     esopt bench horizon --size 6 --h-stars 5 10 15 # 6x6 board (its own warm start, built once)
     esopt bench horizon --preset smoke --out /tmp/smoke
+    esopt bench horizon --report-only --out ALL --runs-from CPU_OUT GPU_OUT  # one report of runs made elsewhere
 """
 
 from __future__ import annotations
@@ -219,15 +220,17 @@ def _rows(path: Path) -> list[dict]:
     return rows
 
 
-def load_results(plan: Plan, out: Path) -> list[RunResult]:
+def load_results(plan: Plan, roots: Sequence[Path]) -> list[RunResult]:
+    """The finished runs of the plan's grid, each from the first root that has it (OUT/horizon/<run>)."""
     from esopt.train.config import load_config
 
     results = []
     for h in plan.h_stars:
         for s in plan.seeds:
             for m in plan.methods:
-                run = out / "horizon" / run_name(m, h, s)
-                if not (run / "summary.json").exists():
+                found = [root / "horizon" / run_name(m, h, s) for root in roots]
+                run = next((r for r in found if (r / "summary.json").exists()), None)
+                if run is None:
                     continue
                 rows = _rows(run / "metrics.jsonl")
                 bench = json.loads((run / "bench.json").read_text()) if (run / "bench.json").exists() else {}
@@ -474,8 +477,10 @@ def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def write_report(plan: Plan, out: Path) -> tuple[Path, Path, str]:
-    results = load_results(plan, out)
+def write_report(plan: Plan, out: Path, also: Sequence[Path] = ()) -> tuple[Path, Path, str]:
+    """OUT/horizon.md and OUT/horizon.png from the runs under OUT, then under each of `also` (runs that ran
+    elsewhere: another machine, another session's out dir)."""
+    results = load_results(plan, [out, *also])
     text = report(plan, results)
     md = out / "horizon.md"
     md.parent.mkdir(parents=True, exist_ok=True)
@@ -523,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="results root: OUT/horizon/<run>/, OUT/horizon.md, OUT/horizon.png")
     p.add_argument("--resume", action="store_true", help="skip finished runs (summary.json), continue partial ones")
     p.add_argument("--report-only", action="store_true", help="only rebuild horizon.md/png from existing runs")
+    p.add_argument("--runs-from", nargs="+", default=[], metavar="DIR", type=Path,
+                   help="also report the finished runs under these results roots (DIR/horizon/<run>), for runs "
+                        "that ran elsewhere; a run under --out comes first")
     p.add_argument("--progress", action="store_true",
                    help="progress: bars on a terminal, plain lines with ETA in a log (isolated runs too)")
     return p
@@ -561,13 +569,16 @@ def main(argv: list[str] | None = None) -> int:
     from esopt.experiments.sweep import check_jobs
 
     check_jobs(args.jobs, plan.isolate)  # before the warm start or any run
+    missing = [str(d) for d in args.runs_from if not (d / "horizon").is_dir()]
+    if missing:
+        raise ValueError(f"--runs-from: no horizon/ run folder under {', '.join(missing)}")
     out = Path(args.out)
     failed: list[str] = []
     t = time.perf_counter()
     if not args.report_only:
         failed = run_all(plan, out, resume=args.resume, threads=args.threads, progress=args.progress,
                          jobs=args.jobs)
-    md, png, text = write_report(plan, out)
+    md, png, text = write_report(plan, out, args.runs_from)
     print(text)
     print(f"wrote {md} and {png} ({time.perf_counter() - t:.0f}s)")
     if failed:

@@ -188,13 +188,25 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
         # matched budget: from the config, and from the episodes really rolled out in training
         assert load_config(run / "config.yaml").episodes_per_step == plan.episodes_per_step
         assert episodes[name] == plan.steps * plan.episodes_per_step, name
-    results = horizon.load_results(plan, tmp_path)
+    results = horizon.load_results(plan, [tmp_path])
     assert {r.episodes_per_step for r in results} == {plan.episodes_per_step}
     # the learning curve: validation success before the first step and after each
     assert all([step for step, _ in r.curve] == list(range(plan.steps + 1)) for r in results)
     # same sampling for every method
     assert len({load_config(tmp_path / "horizon" / n / "config.yaml").sampling.model_dump_json()
                 for n in names}) == 1
+
+    # a run that ran elsewhere: --runs-from reports it as if it were under --out; without it, it is missing
+    elsewhere = tmp_path / "elsewhere" / "horizon"
+    elsewhere.mkdir(parents=True)
+    moved = horizon.run_name("ppo", plan.h_stars[-1], plan.seeds[0])
+    (tmp_path / "horizon" / moved).rename(elsewhere / moved)
+    report_only = ["--preset", "smoke", "--out", str(tmp_path), "--report-only"]
+    assert horizon.main(report_only) == 0 and (tmp_path / "horizon.md").read_text() != md
+    assert horizon.main([*report_only, "--runs-from", str(elsewhere.parent)]) == 0
+    assert (tmp_path / "horizon.md").read_text() == md
+    assert cli_main(["bench", "horizon", *report_only, "--runs-from", str(tmp_path / "nowhere")]) == 2
+    (elsewhere / moved).rename(tmp_path / "horizon" / moved)
 
     # --resume skips finished runs; without it an existing run directory is an error, not an overwrite
     assert horizon.main(["--preset", "smoke", "--out", str(tmp_path), "--resume", "--methods", "es"]) == 0
