@@ -102,9 +102,11 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
 
     if resume:
         say(f"resuming {rd.root} at {algorithm.unit} {start}/{config.steps}", progress)
-    first = evals.held_out_at(start)
-    say(f"eval @ {start}: success {first['success_rate']:.3f} reward {first['mean_reward']:.3f}"
-        f"{evals.curve_at(start)}", progress)
+    line = f"{algorithm.unit} {start}/{config.steps}"
+    if evals.held_out_due(start):  # the base; a resumed run's only when due there (a final eval killed midway)
+        first = evals.held_out_at(start)
+        line = f"eval @ {start}: success {first['success_rate']:.3f} reward {first['mean_reward']:.3f}"
+    say(f"{line}{evals.curve_at(start)}", progress)
     t_start, interrupted, done = time.perf_counter(), False, start
     bar = progress_bar(config.steps, f"{algorithm.unit}s", initial=start) if progress else None
     try:
@@ -121,7 +123,7 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
             curve = evals.curve_at(done)  # the cheap validation point is logged before the held-out eval
             line = (f"{algorithm.unit} {done}/{config.steps} | reward mean {row['reward_mean']:.3f} "
                     f"max {row['reward_max']:.3f}{algorithm.describe(row)}")
-            if (config.eval.every and done % config.eval.every == 0) or done == config.steps:
+            if evals.held_out_due(done):
                 line += f" | eval success {evals.held_out_at(done)['success_rate']:.3f}"
             line += f"{curve} | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
             say(line, progress)
@@ -163,6 +165,11 @@ class RunEvals:
         self.timers.eval += time.perf_counter() - t
         self.rd.log(step, kind, result)
         return result
+
+    def held_out_due(self, step: int) -> bool:
+        """The held-out eval's schedule: the base, every `eval.every` steps (0: never between) and the last step."""
+        every = self.config.eval.every
+        return step in (0, self.config.steps) or bool(every and step % every == 0)
 
     def held_out_at(self, step: int) -> dict:
         if step not in self.held_out:

@@ -147,3 +147,35 @@ def test_a_run_killed_in_its_final_eval_resumes_at_the_eval_not_steps_back(tmp_p
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 2] and summary["steps_done"] == 2
     assert evals[-1] == "test" and evals.count("validation") == 2  # nothing but the final eval was redone
+
+
+def test_a_run_resumed_between_evals_runs_no_held_out_eval_there(tmp_path, monkeypatch):
+    """Resumed from a checkpoint at step 2 of 4 with eval.every=0: no held-out eval at step 2 (at H*=8 on the
+    CPU one costs an hour); the base and the final are the only ones, as in a run never stopped."""
+    from esopt.train.pg.grpo import train as train_grpo
+
+    config = load_config("grpo_smoke", ["steps=4", "eval.tasks=2", "eval.every=0", "measure_inference_peak=false",
+                                        "checkpoint_every=2"])
+    splits = []
+
+    def counted(policy, which, *args, _orig=loop.evaluate, **kwargs):
+        splits.append(which.eval.split)
+        return _orig(policy, which, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", counted)
+    stop = {"at": 2}
+    orig_log = loop.RunDir.log
+
+    def log(self, step, kind, row, _orig=orig_log):
+        _orig(self, step, kind, row)
+        if kind == "train" and step == stop["at"]:
+            raise KeyboardInterrupt  # a Ctrl-C right after step 2: saved at step 2
+
+    monkeypatch.setattr(loop.RunDir, "log", log)
+    train_grpo(config, tmp_path / "a", progress=False)
+    stop["at"] = None
+    summary = train_grpo(config, tmp_path / "a", resume=True, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4] and summary["steps_done"] == 4
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 4]
+    assert splits == ["test", "test"]
