@@ -22,9 +22,11 @@ from esopt.train.pg import (
     kl_k3,
     latest_pg_checkpoint,
     make_optimizer,
+    micro_batches,
     minibatch_norm,
     optimize,
     policy_loss,
+    prefix_once,
     shared_prefix_forward,
     shuffle_generator,
     token_logprobs,
@@ -119,6 +121,42 @@ def test_shared_prefix_logprobs_and_gradients_equal_the_plain_pass():
     assert max(float(g.abs().max()) for g in want_grads) > 1e-3  # the gradient compared is not all zero
 
 
+def test_prefix_once_gives_the_micro_batches_gradient_with_one_prefix_pass():
+    """A minibatch's micro-batches inside `prefix_once`: the log-probs and the accumulated gradient of encoding
+    the shared prefix in every micro-batch, from one prefix pass (forward and backward) instead of one each."""
+    model, tok = build_tiny_model(seed=4)
+    batch = _shared_prefix_batch(tok)
+    rows: list[int] = []  # the batch size of each forward call: the prefix passes are the ones at batch 1
+    model.register_forward_pre_hook(lambda m, args, kwargs: rows.append(kwargs["input_ids"].shape[0]),
+                                    with_kwargs=True)
+
+    def accumulate(models):
+        model.zero_grad(set_to_none=True)
+        rows.clear()
+        logps = []
+        with prefix_once(models, batch):
+            for idx in micro_batches(len(batch), 2):
+                part = batch.select(idx)
+                logp = token_logprobs(model, part, 1.0) * part.mask
+                (logp * part.advantages[:, None]).sum().backward()
+                logps.append(logp.detach())
+        return logps, [p.grad.clone() for p in model.parameters()], list(rows)
+
+    want, want_grads, each = accumulate([])
+    got, got_grads, once = accumulate([model])
+    assert (each, once) == ([1, 2, 1, 2], [1, 2, 2])  # prefix passes: one per micro-batch -> one
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    assert max(float(g.abs().max()) for g in want_grads) > 1e-3
+    # the no-grad passes (old and reference log-probs) use it too, with the same values
+    rows.clear()
+    lp = batch_logprobs(model, batch, 1.0, micro=2)
+    assert rows == [1, 2, 2] and torch.allclose(lp, torch.cat([torch.nn.functional.pad(x, (0, lp.shape[1] - x.shape[1]))
+                                                                     for x in want]), atol=1e-5)
+
+
 def test_critic_values_with_a_shared_prefix_equal_the_plain_pass():
     from esopt.train.pg.ppo import Critic
 
@@ -130,6 +168,9 @@ def test_critic_values_with_a_shared_prefix_equal_the_plain_pass():
         hidden = critic.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
         want = critic.head(hidden[torch.arange(len(batch)), batch.prompt_last]).squeeze(-1)
         assert torch.allclose(critic(batch), want, atol=1e-5)
+        with prefix_once([critic.backbone], batch):  # the backbone's prefix encoded once for every micro-batch
+            parts = [critic(batch.select(idx)) for idx in micro_batches(len(batch), 3)]
+        assert torch.allclose(torch.cat(parts), want, atol=1e-5)
 
 
 def _batch_with(logp_old, adv, mask):

@@ -40,6 +40,7 @@ from esopt.train.pg.loss import (
     micro_batches,
     minibatch_norm,
     policy_loss,
+    prefix_once,
     shared_prefix_forward,
     token_logprobs,
 )
@@ -61,8 +62,8 @@ STATE_FILE = "pg_state.pt"  # optimizer (+ critic) state inside a checkpoint dir
 __all__ = ["STATE_FILE", "LossFn", "MasterAdamW", "Norm", "PGSection", "PolicyGradient", "TokenBatch", "TurnSample",
            "aggregate", "batch_logprobs", "collate", "episode_scores", "freeze", "frozen_copy", "kl_k3",
            "latest_pg_checkpoint", "load_state", "logprob_temperature", "make_optimizer", "masked_sum",
-           "micro_batches", "minibatch_norm", "optimize", "pg_section", "policy_loss", "shared_prefix_forward",
-           "shuffle_generator", "token_logprobs", "train_policy_gradient", "turn_samples"]
+           "micro_batches", "minibatch_norm", "optimize", "pg_section", "policy_loss", "prefix_once",
+           "shared_prefix_forward", "shuffle_generator", "token_logprobs", "train_policy_gradient", "turn_samples"]
 
 
 def pg_section(config: BaseTrainConfig) -> PGSection:

@@ -92,7 +92,7 @@ class GRPO:
         if len(batch) == 0:
             return {"loss": 0.0, "grad_norm": 0.0, **stats}
         gen = shuffle_generator(self.config.seed, step)
-        return {**optimize(batch, self.loss, self.optimizer, self.section, gen), **stats}
+        return {**optimize(batch, self.loss, self.optimizer, self.section, gen, [self.policy.model]), **stats}
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict()}

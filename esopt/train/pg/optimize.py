@@ -5,14 +5,14 @@ from __future__ import annotations
 import copy
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from esopt.train.config import PGSection
 from esopt.train.pg.batch import TokenBatch
-from esopt.train.pg.loss import Norm, minibatch_norm
+from esopt.train.pg.loss import Norm, minibatch_norm, prefix_once
 
 
 class MasterAdamW:
@@ -85,10 +85,11 @@ LossFn = Callable[[TokenBatch, Norm], tuple[torch.Tensor, dict[str, tuple[float,
 
 
 def optimize(batch: TokenBatch, loss_fn: LossFn, optimizer: MasterAdamW, section: PGSection,
-             generator: torch.Generator) -> dict[str, float]:
+             generator: torch.Generator, models: Sequence[torch.nn.Module] = ()) -> dict[str, float]:
     """`epochs` passes of shuffled minibatches; each minibatch is one optimizer step (gradients
     accumulated over micro-batches, clipped per parameter group). A step whose gradient is not finite
-    is skipped, so NaN never reaches the weights."""
+    is skipped, so NaN never reaches the weights. `models` (the ones `loss_fn` runs) encode the prompts'
+    shared prefix once per minibatch (`prefix_once`)."""
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     losses, norms, skipped = [], defaultdict(list), 0
     max_norm = section.max_grad_norm or math.inf
@@ -96,13 +97,14 @@ def optimize(batch: TokenBatch, loss_fn: LossFn, optimizer: MasterAdamW, section
         for mb in torch.randperm(len(batch), generator=generator).split(section.minibatch_size):
             optimizer.zero_grad(set_to_none=True)
             norm, mb_loss = minibatch_norm(batch, mb), 0.0
-            for idx in mb.split(section.micro_batch_size):
-                loss, stats = loss_fn(batch.select(idx), norm)
-                loss.backward()
-                mb_loss += float(loss.detach())
-                for k, (s, c) in stats.items():
-                    sums[k][0] += s
-                    sums[k][1] += c
+            with prefix_once(models, batch.select(mb)):
+                for idx in mb.split(section.micro_batch_size):
+                    loss, stats = loss_fn(batch.select(idx), norm)
+                    loss.backward()
+                    mb_loss += float(loss.detach())
+                    for k, (s, c) in stats.items():
+                        sums[k][0] += s
+                        sums[k][1] += c
             optimizer.collect_grads()
             finite = True
             for group in optimizer.param_groups:

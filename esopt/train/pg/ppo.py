@@ -34,6 +34,7 @@ from esopt.train.pg import (
     micro_batches,
     optimize,
     policy_loss,
+    prefix_once,
     shared_prefix_forward,
     shuffle_generator,
     token_logprobs,
@@ -114,9 +115,10 @@ class PPO:
     @torch.no_grad()
     def values(self, batch: TokenBatch) -> torch.Tensor:
         out = torch.zeros(len(batch), device=batch.advantages.device)
-        for idx in micro_batches(len(batch), self.section.micro_batch_size):
-            idx = idx.to(out.device)
-            out[idx] = self.critic(batch.select(idx))
+        with prefix_once([self.critic.backbone], batch):
+            for idx in micro_batches(len(batch), self.section.micro_batch_size):
+                idx = idx.to(out.device)
+                out[idx] = self.critic(batch.select(idx))
         return out
 
     def prepare(self, trajectories: list[Trajectory]) -> TokenBatch:
@@ -165,7 +167,8 @@ class PPO:
                 "return_mean": float(batch.returns.mean()),
                 "explained_variance": explained_variance(batch.old_values.cpu().numpy(), batch.returns.cpu().numpy())}
         gen = shuffle_generator(self.config.seed, step)
-        return {**optimize(batch, self.loss, self.optimizer, self.section, gen), **diag}
+        models = [self.policy.model, self.critic.backbone]
+        return {**optimize(batch, self.loss, self.optimizer, self.section, gen, models), **diag}
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "critic": self.critic.state_dict()}
