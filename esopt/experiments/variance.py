@@ -249,14 +249,14 @@ def baseline_advantages(scores: np.ndarray, group: int) -> np.ndarray:
 
 def pg_estimate(policy, params, trajectories, advantages: np.ndarray, temperature: float, micro: int) -> torch.Tensor:
     """(1/B) grad sum_i A_i sum_t log pi(generated tokens of episode i, turn t), as a flat vector."""
-    from esopt.train.pg import collate, micro_batches, token_logprobs, turn_samples
+    from esopt.train.pg import collate, micro_batches, prefix_once, token_logprobs, turn_samples
 
     for _, p in params:
         p.grad = None
     samples = turn_samples(trajectories, [[float(a)] * t.num_turns for a, t in zip(advantages, trajectories)])
     if samples:
         batch = collate(samples, policy.tokenizer.pad_token_id, policy.device)
-        with torch.enable_grad():
+        with torch.enable_grad(), prefix_once([policy.model], batch):  # the few-shot prefix: encoded once
             for idx in micro_batches(len(batch), micro):
                 part = batch.select(idx)
                 logp = token_logprobs(policy.model, part, temperature)
@@ -692,7 +692,7 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         setup.env_kwargs[key] = yaml.safe_load(value)
     if setup.model == "smollm2" and args.micro_batch is None:
         # backward through few-shot prompts of a 135M model: bound the activations (the shared prefix is
-        # encoded once per micro-batch, so 16 rows cost about what 4 did without it)
+        # encoded once per estimate, `prefix_once`, so a row costs only its own tokens)
         setup.micro_batch = 16
     setup.antithetic = setup.antithetic or args.antithetic
     setup.check()
