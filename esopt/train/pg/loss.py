@@ -29,18 +29,18 @@ def common_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: 
 
 
 class PrefixKV:
-    """The KV cache of one token prefix under one model, encoded once (with grad where grad is on). A call
-    attaches to detached leaf copies (`cache`); `backward()` sends the gradient the calls left on them
-    through the one encoding. Summed over a minibatch's micro-batches that is the gradient of encoding the
-    prefix in each of them, exact up to float order."""
+    """The KV cache of one token prefix under one model, encoded once at batch 1 (with grad where grad is
+    on); `cache(rows)` repeats it to every row. Detached (the default), calls attach to leaf copies and
+    `backward()` sends the gradient they left there through the one encoding: summed over a minibatch's
+    micro-batches, the gradient of encoding the prefix in each of them, exact up to float order."""
 
-    def __init__(self, model: torch.nn.Module, ids: torch.Tensor) -> None:  # ids: (P,)
+    def __init__(self, model: torch.nn.Module, ids: torch.Tensor, detach: bool = True) -> None:  # ids: (P,)
         self.model, self.ids = model, ids
         cache = DynamicCache(config=model.config)
         head = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         model(input_ids=ids[None], use_cache=True, **head, **{CACHE_ARG: cache})
         self.encoded = [t for layer in cache.layers for t in (layer.keys, layer.values)]
-        self.leaves = [t.detach().requires_grad_(t.requires_grad) for t in self.encoded]
+        self.leaves = [t.detach().requires_grad_(t.requires_grad) for t in self.encoded] if detach else self.encoded
 
     def cache(self, rows: int) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -91,16 +91,12 @@ def shared_prefix_forward(model: torch.nn.Module, input_ids: torch.Tensor, atten
     pass) when the rows share fewer tokens."""
     n, width = input_ids.shape
     shared = common_prefix(input_ids, attention_mask, limit)
-    prefix = (_ENCODED.get() or {}).get(id(model))
-    if prefix is not None and len(prefix.ids) <= shared and bool((input_ids[:, : len(prefix.ids)] == prefix.ids).all()):
-        shared, cache = len(prefix.ids), prefix.cache(n)
-    elif n < 2 or shared < MIN_SHARED_PREFIX or not hasattr(model, "config"):
-        return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs), 0
-    else:
-        cache = DynamicCache(config=model.config)
-        prefix_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in kwargs else {}
-        model(input_ids=input_ids[:1, :shared], use_cache=True, **prefix_kwargs, **{CACHE_ARG: cache})
-        cache.batch_repeat_interleave(n)
+    prefix = (_ENCODED.get() or {}).get(id(model))  # one encoded for the whole minibatch (`prefix_once`)
+    if prefix is None or len(prefix.ids) > shared or not bool((input_ids[:, : len(prefix.ids)] == prefix.ids).all()):
+        if n < 2 or shared < MIN_SHARED_PREFIX or not hasattr(model, "config"):
+            return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs), 0
+        prefix = PrefixKV(model, input_ids[0, :shared], detach=False)  # this call's own; autograd flows through
+    shared, cache = len(prefix.ids), prefix.cache(n)
     positions = torch.arange(shared, width, device=input_ids.device).expand(n, -1)
     out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, position_ids=positions,
                 use_cache=True, **kwargs, **{CACHE_ARG: cache})
