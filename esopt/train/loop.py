@@ -196,7 +196,12 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
            done: int, seconds: float, interrupted: bool, progress: bool) -> dict:
     """Final artefacts: final/ weights, plots, memory ratio, summary.json and the closing line."""
     policy = algorithm.policy
-    peak = peak_memory_bytes(policy.device)
+    # a resumed run's steps ran in several processes: its peak and time per step come from every step's row
+    logged = rd.metrics()
+    peak = max([peak_memory_bytes(policy.device), *(r.get("peak_memory_bytes", 0) for r in logged
+                                                     if r["kind"] == "train")])
+    run_seconds = sum(r.get("seconds", 0.0) for r in logged if r["kind"] == "train") + sum(
+        r.get("eval_seconds", 0.0) for r in logged if r["kind"] in ("eval", "curve") and r["step"] > 0)
     episodes = max(config.rollout_batch_size, config.eval.tasks * config.eval.repeats)
     if config.max_batch_size:  # no generate call holds more rows: a larger probe costs minutes, not memory
         episodes = min(episodes, config.max_batch_size)
@@ -204,7 +209,8 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
     first, last = (evals[min(evals)], evals[max(evals)]) if evals else (None, None)
     summary = {
         "algo": config.algo, "steps_done": done, "steps": config.steps, "interrupted": interrupted,
-        "seconds": seconds, "seconds_per_step": seconds / max(done - start, 1),
+        "seconds": seconds,  # this process's
+        "seconds_per_step": run_seconds / max(done, 1),  # training and evals after the base, every process's
         "time_split": {"perturb": timers.perturb, "restore": timers.restore, "update": timers.update,
                        "rollout": timers.rollout, "eval": timers.eval,
                        **algorithm.time_shares(timers)},

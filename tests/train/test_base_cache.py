@@ -179,3 +179,8 @@ def test_a_run_resumed_between_evals_runs_no_held_out_eval_there(tmp_path, monke
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4] and summary["steps_done"] == 4
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 4]
     assert splits == ["test", "test"]
+    # its time per step and peak cover both processes' steps, not only the resumed one's
+    trained = sum(r["seconds"] for r in rows if r["kind"] == "train")
+    evals_after = sum(r["eval_seconds"] for r in rows if r["kind"] in ("eval", "curve") and r["step"] > 0)
+    assert summary["seconds_per_step"] == pytest.approx((trained + evals_after) / 4)
+    assert summary["peak_memory_bytes"] >= max(r["peak_memory_bytes"] for r in rows if r["kind"] == "train")
