@@ -55,7 +55,8 @@ class PrefixKV:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
 
 
-_ENCODED: ContextVar[dict[int, PrefixKV] | None] = ContextVar("encoded_prefixes", default=None)  # id(model) ->
+# inside `prefix_once`: id(model) -> the prefix it encoded for the minibatch
+_ENCODED: ContextVar[dict[int, PrefixKV] | None] = ContextVar("encoded_prefixes", default=None)
 
 
 @contextlib.contextmanager
