@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -188,7 +189,8 @@ def test_quick_demo_prints_the_before_after_table(tmp_path, capsys):
 
     assert run_demo(out=tmp_path / "demo", quick=True, tiny=True) == 0
     out = capsys.readouterr().out
-    assert "success rate" in out and "ES fine-tuned" in out and "ES / inference-only" in out
+    assert "success rate" in out and "ES fine-tuned" in out and "set-up (warm start" in out
+    assert re.search(r"ES / inference-only \(same model, batch\) = \d+\.\d{3}\n", out)  # measured, not n/a
     assert (tmp_path / "demo" / "final" / "model.safetensors").exists()
     assert (tmp_path / "demo" / "plots" / "eval.png").exists()
 
