@@ -76,7 +76,7 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = Fa
 
 
 def print_before_after(config, summary: dict, t_prep: float, base_name: str, out: Path, prep_name: str) -> None:
-    from esopt.utils.memory import fmt_bytes
+    from esopt.utils.memory import STEADY_MALLOC, fmt_bytes
     from esopt.utils.stats import mcnemar_p, paired_difference
 
     before, after = summary["eval_before"], summary["eval_after"]
@@ -99,7 +99,9 @@ def print_before_after(config, summary: dict, t_prep: float, base_name: str, out
     split = summary["time_split"]
     ratio = (f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"]
              else "not measured here (esopt bench efficiency compares them)")
-    print(f"peak memory {fmt_bytes(summary['peak_memory_bytes'])}; ES / inference-only (same model, batch) = {ratio}")
+    steady = all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())  # `esopt demo` sets them
+    print(f"peak memory {fmt_bytes(summary['peak_memory_bytes'])}; ES / inference-only (same model, batch"
+          f"{', fixed malloc threshold' if steady else ''}) = {ratio}")
     print(f"wall-clock: set-up ({prep_name}, cached after the first run) {t_prep:.0f}s, "
           f"ES with its evals {summary['seconds']:.0f}s "
           f"({summary['seconds_per_step']:.1f}s per generation); ES overhead (perturb {split['perturb']:.1f}s + "
