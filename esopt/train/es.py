@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from esopt.engines.base import Engine
 from esopt.es import ES, Ledger, read_history, replay
-from esopt.es.shaping import pair_disagreement, task_normalized
+from esopt.es.shaping import ZeroVariancePopulation, pair_disagreement, task_normalized
 from esopt.models import load_policy
 from esopt.population import Evaluator, MemberResult, PopulationContext, ReplicaParts, build_evaluator
 from esopt.rollout import summarize, trajectory_score
@@ -121,7 +122,8 @@ class ESAlgorithm:
         fitness = population_fitness(results, config)
         t_up = time.perf_counter()
         extra = {"prompt_version": self.prompts.program.version} if self.prompts is not None else None
-        with defer_sigint():  # the update and its ledger line happen together or not at all
+        with defer_sigint(), warnings.catch_warnings():  # the update and its ledger line: together or not at all
+            warnings.simplefilter("ignore", ZeroVariancePopulation)  # said in the generation's line instead
             told = self.es.tell(fitness, extra)
         self.evaluator.sync(self.es.last_record)
         self.timers.update += time.perf_counter() - t_up
@@ -153,6 +155,8 @@ class ESAlgorithm:
         line = f" | sigma {row['sigma']:.2e} alpha {row['alpha']:.2e}"
         if "pair_disagreement" in row:
             line += f" | pairs differ {row['pair_disagreement']:.2f}"
+        if row["zero_variance"]:
+            line += " | zero update: all rewards equal"
         return line
 
     def checkpoint_files(self) -> dict:

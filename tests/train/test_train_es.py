@@ -223,6 +223,26 @@ def test_train_loop_climbs_a_reward_that_is_linear_in_the_weights(tmp_path, monk
     assert len(values) == 4 and all(b > a for a, b in zip(values, values[1:])), values
 
 
+def test_a_population_with_equal_rewards_is_said_in_the_generation_line_not_warned(tmp_path, monkeypatch, capsys):
+    """Sparse rewards often tie a whole population: the trainer says "zero update" on its line (as the
+    ledger's zero weights do) instead of a Python warning with a source path in the middle of the log."""
+    import warnings
+
+    from esopt.rollout import RolloutSpec, RolloutStats, Trajectory
+
+    def equal_rewards(self, policy, make, task_seeds, seed, **kwargs):
+        return [Trajectory(task_seed=s, reward=0.0) for s in task_seeds], RolloutStats(episodes=len(task_seeds))
+
+    monkeypatch.setattr(RolloutSpec, "run", equal_rewards)
+    config = build_config({}, [*TINY, "steps=1", "eval.every=0", "checkpoint_every=10", "es.reward=env"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(config, tmp_path / "run", progress=True)
+    assert not [w for w in caught if "rewards are equal" in str(w.message)]
+    assert "zero update: all rewards equal" in capsys.readouterr().out
+    assert all(w == 0 for w in read_history(tmp_path / "run" / "history.jsonl")[0]["weights"])
+
+
 def test_shipped_smoke_config_makes_real_updates(tmp_path):
     """`esopt train smoke` (found by name, as in a non-editable install): every generation's members score
     differently, so every update is non-zero (a replay or resume test on it checks something)."""
