@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from esopt.engines.attention import NAME, prefix_attention, use_decode_attention
+from esopt.engines.prefix import CACHE_ARG
 
 
 def gqa_llama() -> LlamaForCausalLM:
@@ -23,7 +24,7 @@ def decode_three_steps(model, ids, mask):
     for _ in range(3):
         token = logits[-1].argmax(-1, keepdim=True)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        out = model(input_ids=token, attention_mask=mask, past_key_values=cache, use_cache=True)
+        out = model(input_ids=token, attention_mask=mask, use_cache=True, **{CACHE_ARG: cache})
         logits.append(out.logits[:, -1])
     return torch.stack(logits)
 
