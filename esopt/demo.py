@@ -22,16 +22,17 @@ QUICK = {
 }
 # wall-clock of the demo on a 2-core machine, set-up excluded (measured from fresh clones: README)
 EXPECTED_MINUTES = {"smollm2": "3-8", "tiny": "10"}
+SETUP = {"smollm2": "model conversion", "tiny": "warm start"}  # what `_prepare` builds (cached afterwards)
 
 
-def _prepare(config, tiny: bool) -> None:
+def _prepare(config, which: str) -> None:
     """Build (or find) the cached model in a child process: SmolLM2's conversion from its GGUF, or the tiny
     model's supervised warm start. Their memory then does not count in this process's peak (the ES /
     inference-only ratio), and the set-up time is its own line."""
     import subprocess
     import sys
 
-    if tiny:
+    if which == "tiny":
         env = config.env.kwargs
         code = ("import sys; from esopt.train.sft import warm_start_path; "
                 "warm_start_path(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
@@ -39,7 +40,7 @@ def _prepare(config, tiny: bool) -> None:
     else:
         code, args = "from esopt.models.smollm2 import smollm2_path; smollm2_path()", []
     if subprocess.run([sys.executable, "-c", code, *args]).returncode:
-        raise SystemExit(f"demo set-up failed ({'warm start' if tiny else 'SmolLM2 conversion'}): see the error above")
+        raise SystemExit(f"demo set-up failed ({SETUP[which]}): see the error above")
 
 
 def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = False) -> int:
@@ -67,15 +68,14 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = Fa
           f"{config.es.tasks_per_member} tasks")
     if not quick:
         print(f"expected length: about {EXPECTED_MINUTES[which]} minutes on 2 CPU cores (set-up excluded)")
-    _prepare(config, tiny)
+    _prepare(config, which)
     t_prep = time.perf_counter() - t0
     summary = train(config, out, progress=True)
-    print_before_after(config, summary, t_prep, "warm start" if tiny else "base model", out,
-                       "warm start" if tiny else "model conversion")
+    print_before_after(config, summary, t_prep, which, out)
     return 0
 
 
-def print_before_after(config, summary: dict, t_prep: float, base_name: str, out: Path, prep_name: str) -> None:
+def print_before_after(config, summary: dict, t_prep: float, which: str, out: Path) -> None:
     from esopt.utils.memory import STEADY_MALLOC, fmt_bytes
     from esopt.utils.stats import mcnemar_p, paired_difference
 
@@ -84,6 +84,7 @@ def print_before_after(config, summary: dict, t_prep: float, base_name: str, out
     print()
     print(f"held-out puzzles ({config.eval.split} split): {config.eval.tasks} x {config.eval.repeats} rollouts = "
           f"{n} episodes")
+    base_name = "warm start" if which == "tiny" else "base model"
     print(f"{'metric':<22}{base_name:>12}{'ES fine-tuned':>15}{'change':>10}")
     for key, label in [("success_rate", "success rate"), ("mean_reward", "mean reward"),
                        ("valid_action_rate", "valid action rate"), ("correct_given_valid", "correct given valid"),
@@ -102,7 +103,7 @@ def print_before_after(config, summary: dict, t_prep: float, base_name: str, out
     steady = all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())  # `esopt demo` sets them
     print(f"peak memory {fmt_bytes(summary['peak_memory_bytes'])}; ES / inference-only (same model, batch"
           f"{', fixed malloc threshold' if steady else ''}) = {ratio}")
-    print(f"wall-clock: set-up ({prep_name}, cached after the first run) {t_prep:.0f}s, "
+    print(f"wall-clock: set-up ({SETUP[which]}, cached after the first run) {t_prep:.0f}s, "
           f"ES with its evals {summary['seconds']:.0f}s "
           f"({summary['seconds_per_step']:.1f}s per generation); ES overhead (perturb {split['perturb']:.1f}s + "
           f"restore {split['restore']:.1f}s + update {split['update']:.1f}s) = {split['es_overhead_share']:.1%} "
