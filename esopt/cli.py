@@ -158,9 +158,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from esopt.demo import run_demo
-    from esopt.utils.memory import STEADY_MALLOC, steady_malloc_env
+    from esopt.utils.memory import steady_malloc_active, steady_malloc_env
 
-    if any(os.environ.get(k) != v for k, v in STEADY_MALLOC.items()):
+    if not steady_malloc_active():
         # glibc reads its malloc settings at start-up: start again with them, so that the printed peak ratio is
         # of live memory (under glibc's defaults three demos printed 0.95, 1.04 and 1.33)
         flags = [f for f, on in (("--quick", args.quick), ("--tiny", args.tiny)) if on]

@@ -76,7 +76,7 @@ def run_demo(out: str | Path = "runs/demo", quick: bool = False, tiny: bool = Fa
 
 
 def print_before_after(config, summary: dict, t_prep: float, which: str, out: Path) -> None:
-    from esopt.utils.memory import STEADY_MALLOC, fmt_bytes
+    from esopt.utils.memory import fmt_bytes, steady_malloc_active
     from esopt.utils.stats import mcnemar_p, paired_difference
 
     before, after = summary["eval_before"], summary["eval_after"]
@@ -100,7 +100,7 @@ def print_before_after(config, summary: dict, t_prep: float, which: str, out: Pa
     split = summary["time_split"]
     ratio = (f"{summary['memory_ratio']:.3f}" if summary["memory_ratio"]
              else "not measured here (esopt bench efficiency compares them)")
-    steady = all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())  # `esopt demo` sets them
+    steady = steady_malloc_active()  # `esopt demo` restarts itself with it
     print(f"peak memory {fmt_bytes(summary['peak_memory_bytes'])}; ES / inference-only (same model, batch"
           f"{', fixed malloc threshold' if steady else ''}) = {ratio}")
     print(f"wall-clock: set-up ({SETUP[which]}, cached after the first run) {t_prep:.0f}s, "

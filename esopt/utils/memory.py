@@ -17,6 +17,11 @@ import torch
 STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
+def steady_malloc_active() -> bool:
+    """Whether this process started with `STEADY_MALLOC` (glibc reads it only at start-up)."""
+    return all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())
+
+
 def steady_malloc_env() -> dict[str, str]:
     """This process's environment with `STEADY_MALLOC`: for a child process that measures a peak."""
     return {**os.environ, **STEADY_MALLOC}
