@@ -19,6 +19,29 @@ settings.register_profile("explore", derandomize=False, deadline=None, suppress_
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# What the suite writes at its peak: ~0.5 GB of SmolLM2 conversion in ESOPT_CACHE, plus the running tests' run
+# dirs in the temp dir (a passing test's tmp_path is deleted at teardown, pyproject's retention policy).
+DISK_NEEDED_GB = 1.5
+
+
+def pytest_sessionstart(session):
+    """Say so up front when the disk is short: ENOSPC mid-run fails tests at random, far from the cause."""
+    import shutil
+    import tempfile
+
+    if hasattr(session.config, "workerinput"):  # xdist workers: the controller says it once
+        return
+    places = {"temp dir": tempfile.gettempdir(), "ESOPT_CACHE": os.path.abspath(os.environ["ESOPT_CACHE"])}
+    for name, path in places.items():
+        while not os.path.exists(path):
+            path = os.path.dirname(path)
+        free_gb = shutil.disk_usage(path).free / 2**30
+        if free_gb < DISK_NEEDED_GB:
+            session.config.get_terminal_writer().line(
+                f"WARNING: {free_gb:.2f} GiB free for the {name} ({path}); the suite writes ~{DISK_NEEDED_GB} GiB "
+                "and tests will fail with 'No space left on device'", yellow=True)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_tokenizers(monkeypatch):
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
