@@ -157,9 +157,9 @@ class ProjectionStats:
     """Accumulates estimates g_r (flat vectors): their projections on K fixed directions, their sum and
     squared norms; `result()` gives the projected variance and the noise-to-signal numbers."""
 
-    def __init__(self, dim: int, directions: int | torch.Tensor | RandomDirections, seed: int = 0):
+    def __init__(self, dim: int, directions: int | torch.Tensor | RandomDirections | None, seed: int = 0):
         """`directions`: how many to draw from `seed`, or shared directions ((K, dim) unit rows or a
-        `RandomDirections`)."""
+        `RandomDirections`); None: only for reading saved estimates (`load_state_dict`, `result`)."""
         self.dim = dim
         self.u = RandomDirections(dim, directions, seed) if isinstance(directions, int) else directions
         self.proj: list[np.ndarray] = []
@@ -167,10 +167,12 @@ class ProjectionStats:
         self.sq_norms: list[float] = []
 
     def add(self, g: torch.Tensor) -> None:
+        u = self.u
         g = g.detach().reshape(-1).float().cpu()
+        if u is None:
+            raise ValueError("these statistics were made for reading (no directions): they take no estimates")
         if g.numel() != self.dim:
             raise ValueError(f"estimate has {g.numel()} elements, expected {self.dim}")
-        u = self.u
         self.proj.append((u.project(g) if isinstance(u, RandomDirections) else (u @ g).double()).numpy())
         self.total += g.double()
         self.sq_norms.append(float(g.double().square().sum()))
@@ -369,6 +371,34 @@ class RunState:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def peek(folder: Path) -> dict:
+    """What an unfinished run has measured so far (`--peek`), read from its saved state while it may still run:
+    finished H* as saved; an H* in progress from its first repetitions. Repetitions are seeded by their index,
+    so those rows are the rows of a run with --repeats = the repetitions done. Reads only."""
+    state = folder / "variance_state"
+    if not (state / "setup.json").exists():
+        raise ValueError(f"--peek {folder}: no saved run there (variance_state/setup.json): nothing measured yet, "
+                         "or the run finished and wrote variance.json")
+    setup = with_old_defaults(json.loads((state / "setup.json").read_text()))
+    rows, seconds, dim, done = [], 0.0, 0, {}
+    for path in sorted(state.glob("h*.*"), key=lambda f: int(f.stem[1:])):
+        h = int(path.stem[1:])
+        if path.suffix == ".json":
+            finished = json.loads(path.read_text())
+            rows, seconds = rows + finished["rows"], seconds + finished["seconds"]
+        elif path.suffix == ".pt":
+            saved = torch.load(path, weights_only=True)
+            done[h], seconds = saved["done"], seconds + saved["seconds"]
+            acc = {m: ProjectionStats(saved["acc"][m]["total"].numel(), None) for m in METHODS}
+            for m in METHODS:
+                acc[m].load_state_dict(saved["acc"][m])
+                dim = acc[m].dim
+            if saved["done"] >= 2:  # fewer gives no variance
+                rows += horizon_rows(h, acc, saved["info"], saved["done"])
+    return {"setup": {**setup, "h_stars": sorted({r["h_star"] for r in rows} | set(done))}, "dim": dim or None,
+            "seconds": seconds, "rows": rows, "fits": fits_per_method(rows), "in_progress": done}
+
+
 def measure(setup: Setup, progress: bool = True, state: RunState | None = None) -> dict:
     """Run the analysis; returns {"setup", "rows": [per (method, H*)], "fits": {method: {...}}}. With
     `state`, each repetition is saved and finished work is taken from it (see RunState)."""
@@ -541,11 +571,17 @@ def report(result: dict) -> str:
     s, rows = result["setup"], result["rows"]
     groups = "" if s["pg_group"] == 1 else f" ({s['batch'] // s['pg_group']} tasks x {s['pg_group']})"
     model = s.get("model", "tiny-sudoku")
+    dim = f"{result['dim']:,}" if result["dim"] else "D"  # a --peek at finished H* only does not know it
     about = (f"tiny-sudoku (warm start {s['warm_start_steps']} steps" if model == "tiny-sudoku"
              else f"{model} (env arguments {s.get('env_kwargs') or {}}, {s.get('few_shot', 0)} worked examples")
     lines = [
         f"# Gradient-estimator variance vs horizon ({s['size']}x{s['size']} Sudoku, fixed {model} model)", "",
-        f"Model: {about}, {result['dim']:,} parameters), never updated. "
+        *([] if not (going := result.get("in_progress")) else [
+            "**Preliminary**, read from an unfinished run's saved state (`--peek`): " + ", ".join(
+                f"H*={h} after {n} of {s['repeats']} repetitions"
+                + (" (too few for a variance)" if n < 2 else f" (its rows are a run with --repeats {n})")
+                for h, n in going.items()) + "; not a result.", ""]),
+        f"Model: {about}, {dim} parameters), never updated. "
         f"Score: the env's **shaped reward** (episode sum = 0.5 success + 0.3 progress + 0.2 valid-move rate; binary "
         f"success is ~0 at large H*). Sampling T={s['temperature']}, top-p 0.8, top-k 20, {s['max_new_tokens']} new "
         f"tokens. R={s['repeats']} independent estimates per (method, H*); PG: B={s['batch']} episodes{groups}, "
@@ -668,6 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the run saved in OUT/variance_state (saved after every repetition; the setup "
                         "must match)")
+    p.add_argument("--peek", metavar="RUN",
+                   help="measure nothing: print what the unfinished run in RUN (its --out) has measured so far, "
+                        "from its saved state, while it goes on; writes nothing")
     p.add_argument("--merge", nargs="+", metavar="RUN",
                    help="measure nothing: merge earlier runs' variance.json (files or --out folders) of the same "
                         "setup at different H* into one table, with the fits over all their H*")
@@ -701,11 +740,17 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.merge:
+    if args.merge or args.peek:
         given = [k for k in SETUP_OPTIONS if getattr(args, k) is not None]
         given += [k for k in ("smoke", "antithetic", "env_arg", "resume") if getattr(args, k)]
+        verb = "--peek" if args.peek else "--merge"
+        given += ["merge"] if args.peek and args.merge else []
         if given:
-            raise ValueError(f"--merge measures nothing, so --{given[0].replace('_', '-')} has no effect; drop it")
+            raise ValueError(f"{verb} measures nothing, so --{given[0].replace('_', '-')} has no effect; drop it")
+    if args.peek:
+        print(report(peek(Path(args.peek))))
+        return 0
+    if args.merge:
         result, state = merge([load_result(x) for x in args.merge], sources=args.merge), None
     else:
         torch.set_num_threads(args.threads)

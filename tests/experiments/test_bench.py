@@ -217,7 +217,7 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
+def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path, capsys):
     assert cli_main(["analyze", "variance", "--smoke", "--quiet", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "variance.json").read_text())
     assert (tmp_path / "variance.md").exists() and (tmp_path / "variance.png").stat().st_size > 0
@@ -234,16 +234,34 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path):
     assert cli_main(["analyze", "nope"]) == 2
     assert not (tmp_path / "variance_state").exists()  # removed once the run is written
 
-    # killed (SIGKILL) after the first repetition of the second H*, resumed: the uninterrupted run's rows
+    # killed (SIGKILL) after two repetitions of the second H*, resumed: the uninterrupted run's rows
     killed, pause = tmp_path / "killed", tmp_path / "pause"
     pause.mkdir()
     args = ["analyze", "variance", "--smoke", "--quiet", "--out", str(killed)]
     proc = subprocess.Popen([sys.executable, "-m", "esopt.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1",
-                            "ESOPT_PAUSE_AT": f"variance@{smoke.repeats + 1}", "ESOPT_PAUSE_DIR": str(pause)})
+                            "ESOPT_PAUSE_AT": f"variance@{smoke.repeats + 2}", "ESOPT_PAUSE_DIR": str(pause)})
     assert kill_when_parked(proc, "variance", pause)["h_star"] == smoke.h_stars[1]
     assert sorted(p.name for p in (killed / "variance_state").iterdir()) == [
         f"h{smoke.h_stars[0]}.json", f"h{smoke.h_stars[1]}.pt", "setup.json"]
+    # --peek reads what is saved, touching nothing: the finished H* as the whole run has it, the H* in progress
+    # as a run of 2 repetitions has it (repetitions are seeded by index)
+    saved = {p.name: p.stat().st_mtime_ns for p in (killed / "variance_state").iterdir()}
+    peeked = variance.peek(killed)
+    assert peeked["in_progress"] == {smoke.h_stars[1]: 2}
+    assert [r for r in peeked["rows"] if r["h_star"] == smoke.h_stars[0]] == [
+        r for r in result["rows"] if r["h_star"] == smoke.h_stars[0]]
+    assert cli_main(["analyze", "variance", "--smoke", "--quiet", "--h-stars", str(smoke.h_stars[1]), "--repeats",
+                     "2", "--out", str(tmp_path / "two")]) == 0
+    two = json.loads((tmp_path / "two" / "variance.json").read_text())
+    assert [r for r in peeked["rows"] if r["h_star"] == smoke.h_stars[1]] == two["rows"]
+    assert cli_main(["analyze", "variance", "--peek", str(killed)]) == 0
+    assert f"H*={smoke.h_stars[1]} after 2 of {smoke.repeats} repetitions" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in (killed / "variance_state").iterdir()} == saved
+    assert not (killed / "variance.json").exists()
+    assert cli_main(["analyze", "variance", "--peek", str(killed), "--sigma", "0.1"]) == 2  # measures nothing
+    with pytest.raises(ValueError, match="no saved run there"):
+        variance.peek(tmp_path / "two")
     with pytest.raises(ValueError, match="holds an unfinished run: pass --resume"):
         variance.main(args[2:])  # the saved work is kept
     with pytest.raises(ValueError, match="started with another sigma"):
