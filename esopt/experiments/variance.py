@@ -163,7 +163,7 @@ class ProjectionStats:
         self.dim = dim
         self.u = RandomDirections(dim, directions, seed) if isinstance(directions, int) else directions
         self.proj: list[np.ndarray] = []
-        self.total = torch.zeros(dim, dtype=torch.float64)
+        self.total = torch.zeros(dim if self.u is not None else 0, dtype=torch.float64)  # reading: load_state_dict
         self.sq_norms: list[float] = []
 
     def add(self, g: torch.Tensor) -> None:
@@ -381,13 +381,21 @@ def peek(folder: Path) -> dict:
                          "or the run finished and wrote variance.json")
     setup = with_old_defaults(json.loads((state / "setup.json").read_text()))
     rows, seconds, dim, done = [], 0.0, 0, {}
+    finished = {int(f.stem[1:]) for f in state.glob("h*.json")}
     for path in sorted(state.glob("h*.*"), key=lambda f: int(f.stem[1:])):
         h = int(path.stem[1:])
+        try:  # the run may finish an H* (json written, then pt removed) or the whole run meanwhile
+            if path.suffix == ".json":
+                saved = json.loads(path.read_text())
+            elif path.suffix == ".pt" and h not in finished:
+                saved = torch.load(path, weights_only=True)
+            else:
+                continue
+        except FileNotFoundError:
+            continue
         if path.suffix == ".json":
-            finished = json.loads(path.read_text())
-            rows, seconds = rows + finished["rows"], seconds + finished["seconds"]
-        elif path.suffix == ".pt":
-            saved = torch.load(path, weights_only=True)
+            rows, seconds = rows + saved["rows"], seconds + saved["seconds"]
+        else:
             done[h], seconds = saved["done"], seconds + saved["seconds"]
             acc = {m: ProjectionStats(saved["acc"][m]["total"].numel(), None) for m in METHODS}
             for m in METHODS:
@@ -576,11 +584,12 @@ def report(result: dict) -> str:
              else f"{model} (env arguments {s.get('env_kwargs') or {}}, {s.get('few_shot', 0)} worked examples")
     lines = [
         f"# Gradient-estimator variance vs horizon ({s['size']}x{s['size']} Sudoku, fixed {model} model)", "",
-        *([] if not (going := result.get("in_progress")) else [
-            "**Preliminary**, read from an unfinished run's saved state (`--peek`): " + ", ".join(
+        *([] if (going := result.get("in_progress")) is None else [
+            "**Preliminary**, read from an unfinished run's saved state (`--peek`): " + (", ".join(
                 f"H*={h} after {n} of {s['repeats']} repetitions"
                 + (" (too few for a variance)" if n < 2 else f" (its rows are a run with --repeats {n})")
-                for h, n in going.items()) + "; not a result.", ""]),
+                for h, n in going.items()) or "the finished H* only (the next has no repetition saved yet)")
+            + "; not a result.", ""]),
         f"Model: {about}, {dim} parameters), never updated. "
         f"Score: the env's **shaped reward** (episode sum = 0.5 success + 0.3 progress + 0.2 valid-move rate; binary "
         f"success is ~0 at large H*). Sampling T={s['temperature']}, top-p 0.8, top-k 20, {s['max_new_tokens']} new "

@@ -4,6 +4,7 @@ on their smoke presets, plus the pure helpers on synthetic data."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -262,6 +263,13 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path, capsys):
     assert cli_main(["analyze", "variance", "--peek", str(killed), "--sigma", "0.1"]) == 2  # measures nothing
     with pytest.raises(ValueError, match="no saved run there"):
         variance.peek(tmp_path / "two")
+    # only finished H* saved (the next one's first repetition not yet): their rows, and still marked preliminary
+    shutil.copytree(killed / "variance_state", tmp_path / "first" / "variance_state")
+    (tmp_path / "first" / "variance_state" / f"h{smoke.h_stars[1]}.pt").unlink()
+    first = variance.peek(tmp_path / "first")
+    assert first["in_progress"] == {} and first["rows"] == [r for r in peeked["rows"]
+                                                            if r["h_star"] == smoke.h_stars[0]]
+    assert "the finished H* only" in variance.report(first)
     with pytest.raises(ValueError, match="holds an unfinished run: pass --resume"):
         variance.main(args[2:])  # the saved work is kept
     with pytest.raises(ValueError, match="started with another sigma"):
