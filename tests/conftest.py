@@ -31,7 +31,8 @@ def pytest_sessionstart(session):
 
     if hasattr(session.config, "workerinput"):  # xdist workers: the controller says it once
         return
-    places = {"temp dir": tempfile.gettempdir(), "ESOPT_CACHE": os.path.abspath(os.environ["ESOPT_CACHE"])}
+    cache = os.path.abspath(os.path.expanduser(os.environ["ESOPT_CACHE"]))
+    places = {"temp dir": tempfile.gettempdir(), "ESOPT_CACHE": cache}
     for name, path in places.items():
         while not os.path.exists(path):
             path = os.path.dirname(path)
