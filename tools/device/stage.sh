@@ -10,7 +10,9 @@ mkdir -p "$STAGE"
 for part in .device/a/gguf.part0 .device/b/gguf.part1 .device/a/gguf.sha256; do
     [ -f "$part" ] && cp "$part" "$STAGE/"
 done
-[ -d .device/a/wheels ] && mkdir -p "$STAGE/wheels" && cp .device/a/wheels/*.whl "$STAGE/wheels/"
+shopt -s nullglob
+wheels=(.device/a/wheels/*.whl)
+[ ${#wheels[@]} -gt 0 ] && mkdir -p "$STAGE/wheels" && cp "${wheels[@]}" "$STAGE/wheels/"
 if [ ! -f "$STAGE/ready" ]; then
     if [ ! -f "$STAGE/gguf.part0" ] || [ ! -f "$STAGE/gguf.part1" ]; then
         echo "staged: $(ls "$STAGE" | tr '\n' ' ')- the other half comes with the next call (within 30 s)"
