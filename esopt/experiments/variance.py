@@ -305,6 +305,15 @@ def fixed_model(setup: Setup):
     return load_model(ModelSection(name=setup.model, device=setup.device, **warm), {"size": setup.size})
 
 
+def compute_dtype(setup: Setup) -> str:
+    """The dtype the fixed model computes in ("auto" resolved: SmolLM2 in bf16 on a GPU or a CPU with native bf16,
+    else fp32). Repetitions in two dtypes measure two slightly different models: a run does not resume in, nor
+    merge with, another dtype (a 2-core VM may come back on another CPU type)."""
+    from esopt.models import model_dtype
+
+    return model_dtype(setup.model, "auto", setup.device)
+
+
 def device_kind(spec: str) -> str:
     """The kind of device a spec runs on ("auto" resolved): what decides which ES noise a seed draws."""
     if spec == "auto":
@@ -324,6 +333,7 @@ class RunState:
         self.folder = folder
         self.key = {k: v for k, v in asdict(setup).items() if k != "h_stars"}
         self.key["device"] = device_kind(setup.device)  # cuda and cuda:0 draw alike; auto as it resolved
+        self.key["dtype"] = compute_dtype(setup)
         if not (folder / "setup.json").exists():  # nothing saved, or a finished run's removal cut short
             shutil.rmtree(folder, ignore_errors=True)
             return
@@ -482,10 +492,10 @@ def measure(setup: Setup, progress: bool = True, state: RunState | None = None) 
         if progress:
             print("  " + " | ".join(f"{r['method']}: trace/D {r['trace_per_dim']:.3e} nsr {_g(r['nsr'])}"
                                     for r in mine), flush=True)
-    # the device kind the noise was drawn on ("auto" resolved; cuda:0 and cuda:1 draw alike): what --merge compares
-    return {"setup": {**asdict(setup), "device": torch.device(policy.device).type}, "dim": dim,
-            "seconds": seconds, "rows": rows,
-            "fits": fits_per_method(rows)}
+    # the device kind the noise was drawn on ("auto" resolved; cuda:0 and cuda:1 draw alike) and the model's dtype:
+    # what --merge compares besides the options
+    return {"setup": {**asdict(setup), "device": torch.device(policy.device).type, "dtype": compute_dtype(setup)},
+            "dim": dim, "seconds": seconds, "rows": rows, "fits": fits_per_method(rows)}
 
 
 def horizon_rows(h: int, acc: dict[str, ProjectionStats], info: dict[str, dict], repeats: int) -> list[dict]:
@@ -590,7 +600,7 @@ def report(result: dict) -> str:
                 + (" (too few for a variance)" if n < 2 else f" (its rows are a run with --repeats {n})")
                 for h, n in going.items()) or "the finished H* only (the next has no repetition saved yet)")
             + "; not a result.", ""]),
-        f"Model: {about}, {dim} parameters), never updated. "
+        f"Model: {about}, {dim} parameters{', ' + s['dtype'] if s.get('dtype') else ''}), never updated. "
         f"Score: the env's **shaped reward** (episode sum = 0.5 success + 0.3 progress + 0.2 valid-move rate; binary "
         f"success is ~0 at large H*). Sampling T={s['temperature']}, top-p 0.8, top-k 20, {s['max_new_tokens']} new "
         f"tokens. R={s['repeats']} independent estimates per (method, H*); PG: B={s['batch']} episodes{groups}, "

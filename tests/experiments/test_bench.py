@@ -274,6 +274,14 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path, capsys):
         variance.main(args[2:])  # the saved work is kept
     with pytest.raises(ValueError, match="started with another sigma"):
         variance.main([*args[2:], "--resume", "--sigma", "0.02"])
+    # a run saved in another dtype (SmolLM2 is bf16 on a CPU with native bf16, fp32 on others) is not continued
+    setup_file = killed / "variance_state" / "setup.json"
+    key = json.loads(setup_file.read_text())
+    assert key["dtype"] == result["setup"]["dtype"] == "float32"
+    setup_file.write_text(json.dumps({**key, "dtype": "bfloat16"}))
+    with pytest.raises(ValueError, match="started with another dtype"):
+        variance.main([*args[2:], "--resume"])
+    setup_file.write_text(json.dumps(key))
     with pytest.raises(ValueError, match=rf"holds work at H\*=\[{smoke.h_stars[0]}\]"):  # would be deleted
         variance.main([*args[2:], "--resume", "--h-stars", str(smoke.h_stars[1])])
     assert cli_main([*args, "--resume"]) == 0
@@ -305,6 +313,10 @@ def test_variance_smoke_gives_finite_variances_and_slopes(tmp_path, capsys):
     other["setup"]["sigma"] *= 2
     with pytest.raises(ValueError, match="differs .* in sigma"):
         variance.merge([json.loads((tmp_path / f"h{smoke.h_stars[1]}" / "variance.json").read_text()), other])
+    other["setup"].update(sigma=smoke.sigma, dtype="bfloat16")
+    with pytest.raises(ValueError, match="differs .* in dtype"):
+        variance.merge([variance.load_result(parts[0]), other])
+    other["setup"]["dtype"] = "float32"
     # CUDA draws other ES noise than the CPU: such runs do not merge; a file from before --device was on the CPU
     other["setup"].update(sigma=smoke.sigma, device="cuda")
     with pytest.raises(ValueError, match="differs .* in device"):
