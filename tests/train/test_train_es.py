@@ -178,6 +178,22 @@ def test_overrides_merge_into_nested_defaults():
         build_config({}, ["es.sigma"])
 
 
+def test_a_run_dir_records_the_dtype_auto_resolved_to(tmp_path, monkeypatch):
+    """SmolLM2's "auto" is bf16 on a CPU with native bf16 and fp32 on others: a resume or replay on another CPU
+    type reads the dtype the run computed in, not "auto" again."""
+    import esopt.models
+
+    config = build_config({"model": {"name": "smollm2"}}, [])
+    assert config.model.dtype == "auto"
+    for native, dtype in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(esopt.models, "cpu_has_native_bf16", lambda native=native: native)
+        run = RunDir(tmp_path / dtype)
+        run.write_config(config)
+        monkeypatch.setattr(esopt.models, "cpu_has_native_bf16", lambda native=native: not native)  # elsewhere
+        assert load_config(run.config_path).model.resolved_dtype == dtype
+        assert load_config(run.config_path).model_dump(exclude={"model"}) == config.model_dump(exclude={"model"})
+
+
 def test_shipped_configs_validate():
     for path in sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml")):
         load_config(path)
