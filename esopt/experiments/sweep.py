@@ -95,6 +95,7 @@ def run_sweep(configs: dict, root: Path, resume: bool = False, isolate: bool = F
             print(f"[{k + 1}/{len(configs)}] {name}: finished, skipped", flush=True)
             continue
         cont = states[name] == "partial"
+        config = config.with_resolved_dtype()  # as the run dir records it
         if cont and load_config(run / "config.yaml").model_dump() != config.model_dump():
             print(f"warning: {name}: continuing with its stored config.yaml, which differs from this plan",
                   file=sys.stderr)

@@ -111,6 +111,12 @@ class BaseTrainConfig(Section):
     keep_checkpoints: int = Field(2, ge=1)
     measure_inference_peak: bool = Field(True, description="probe inference-only peak memory for the ratio")
 
+    def with_resolved_dtype(self):
+        """This config with model.dtype as "auto" resolves here, which a run dir records: auto is bf16 or fp32 by
+        CPU type, and a resume or replay on another machine must compute in the dtype the run did (bf16 on a CPU
+        without it is emulated: slower, not different)."""
+        return self.model_copy(update={"model": self.model.model_copy(update={"dtype": self.model.resolved_dtype})})
+
     @property
     def episodes_per_step(self) -> int:
         """Episodes one step rolls out (each trainer's config says; the memory probe uses it)."""

@@ -35,11 +35,7 @@ class RunDir:
         return any(p.exists() and p.stat().st_size for p in (self.history_path, self.metrics_path))
 
     def write_config(self, config: BaseTrainConfig) -> None:
-        """config.yaml with model.dtype as it resolved here: "auto" is bf16 or fp32 by CPU type, and a resume or
-        replay on another machine must compute in the dtype the run did (bf16 on a CPU without it is emulated:
-        slower, not different)."""
-        model = config.model.model_copy(update={"dtype": config.model.resolved_dtype})
-        dump_config(config.model_copy(update={"model": model}), self.config_path)
+        dump_config(config.with_resolved_dtype(), self.config_path)
 
     @property
     def tb(self):
