@@ -394,25 +394,22 @@ def peek(folder: Path) -> dict:
     finished = {int(f.stem[1:]) for f in state.glob("h*.json")}
     for path in sorted(state.glob("h*.*"), key=lambda f: int(f.stem[1:])):
         h = int(path.stem[1:])
-        try:  # the run may finish an H* (json written, then pt removed) or the whole run meanwhile
-            if path.suffix == ".json":
-                saved = json.loads(path.read_text())
-            elif path.suffix == ".pt" and h not in finished:
-                saved = torch.load(path, weights_only=True)
-            else:
-                continue
-        except FileNotFoundError:
+        if path.suffix not in (".json", ".pt") or (path.suffix == ".pt" and h in finished):
             continue
+        try:
+            saved = json.loads(path.read_text()) if path.suffix == ".json" else torch.load(path, weights_only=True)
+        except FileNotFoundError:  # the run finished this H* (or itself) meanwhile
+            continue
+        seconds += saved["seconds"]
         if path.suffix == ".json":
-            rows, seconds = rows + saved["rows"], seconds + saved["seconds"]
-        else:
-            done[h], seconds = saved["done"], seconds + saved["seconds"]
-            acc = {m: ProjectionStats(saved["acc"][m]["total"].numel(), None) for m in METHODS}
-            for m in METHODS:
-                acc[m].load_state_dict(saved["acc"][m])
-                dim = acc[m].dim
-            if saved["done"] >= 2:  # fewer gives no variance
-                rows += horizon_rows(h, acc, saved["info"], saved["done"])
+            rows += saved["rows"]
+            continue
+        done[h], dim = saved["done"], saved["acc"]["pg"]["total"].numel()
+        acc = {m: ProjectionStats(dim, None) for m in METHODS}
+        for m in METHODS:
+            acc[m].load_state_dict(saved["acc"][m])
+        if saved["done"] >= 2:  # fewer gives no variance
+            rows += horizon_rows(h, acc, saved["info"], saved["done"])
     return {"setup": {**setup, "h_stars": sorted({r["h_star"] for r in rows} | set(done))}, "dim": dim or None,
             "seconds": seconds, "rows": rows, "fits": fits_per_method(rows), "in_progress": done}
 
