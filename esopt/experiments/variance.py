@@ -296,22 +296,25 @@ def _seeds(*key: int, n: int) -> list[int]:
     return [int(s) for s in np.random.default_rng([*key, 29]).integers(0, 2**31, size=n)]
 
 
-def fixed_model(setup: Setup):
-    """The model the analysis measures (never updated): the tiny warm start or SmolLM2."""
+def model_section(setup: Setup):
+    """The model section of the fixed model the analysis measures (never updated): the tiny warm start or SmolLM2."""
     from esopt.train.config import ModelSection
-    from esopt.train.models import load_model
 
     warm = {"warm_start_steps": setup.warm_start_steps} if setup.model == "tiny-sudoku" else {}
-    return load_model(ModelSection(name=setup.model, device=setup.device, **warm), {"size": setup.size})
+    return ModelSection(name=setup.model, device=setup.device, **warm)
+
+
+def fixed_model(setup: Setup):
+    from esopt.train.models import load_model
+
+    return load_model(model_section(setup), {"size": setup.size})
 
 
 def compute_dtype(setup: Setup) -> str:
-    """The dtype the fixed model computes in ("auto" resolved: SmolLM2 in bf16 on a GPU or a CPU with native bf16,
-    else fp32). Repetitions in two dtypes measure two slightly different models: a run does not resume in, nor
-    merge with, another dtype (a 2-core VM may come back on another CPU type)."""
-    from esopt.models import model_dtype
-
-    return model_dtype(setup.model, "auto", setup.device)
+    """The dtype the fixed model computes in ("auto" resolved, as it loads). Repetitions in two dtypes measure two
+    slightly different models: a run does not resume in, nor merge with, another dtype (a 2-core VM may come back
+    on another CPU type)."""
+    return model_section(setup).resolved_dtype
 
 
 def device_kind(spec: str) -> str:
