@@ -34,6 +34,11 @@ def _train(args: argparse.Namespace) -> int:
         run = Path(args.resume)
         if not (run / "config.yaml").exists():
             raise ValueError(f"--resume {run}: no config.yaml there (not a run directory)")
+        if args.config:  # `--resume RUN steps=100`: the first override lands in the CONFIG slot
+            if "=" not in args.config:
+                raise ValueError(f"--resume takes its config from {run / 'config.yaml'}; drop {args.config!r} "
+                                 "(overrides such as steps=100 are allowed)")
+            args.overrides = [args.config, *args.overrides]
         config = load_config(run / "config.yaml", args.overrides)
         out = run
     else:

@@ -11,6 +11,7 @@ _EXPORTS = {
     "esopt.es.config": ["ESConfig"],
     "esopt.es.ledger": ["Ledger", "read_history", "replay"],
     "esopt.es.noise": ["NoiseSource", "stream_seed"],
+    "esopt.es.optim": ["AdamState"],
     "esopt.es.perturbation": ["PERTURBATIONS", "GaussianNoise", "Perturbation", "apply_record", "build_perturbation",
                               "register_perturbation", "update_coefficients"],
     "esopt.es.schedules": ["Schedule"],

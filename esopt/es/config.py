@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from esopt.es.kinds import DEFAULT_CHUNK_NUMEL, noise_kinds, perturbation_class
+from esopt.es.optim import OptimizerKind, optimizer_spec
 from esopt.es.schedules import Schedule, ScheduleKind
 from esopt.es.scope import ParamScope
 
@@ -27,16 +28,23 @@ class ESConfig(BaseModel):
     alpha_schedule: ScheduleKind = "constant"
     total_generations: int = Field(100, ge=1, description="schedule length")
     shaping: Literal["zscore", "centered_rank", "identity"] = "zscore"
+    optimizer: OptimizerKind = Field(
+        "sgd", description="sgd: theta += alpha/G sum w_i eps_i (the paper); adam: Adam with learning rate alpha on "
+        "g = 1/G sum w_i eps_i (OpenAI-ES), its moments rebuilt from the ledger on replay (+8 bytes per parameter)")
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    adam_eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0, description="decoupled: theta *= 1 - alpha * weight_decay")
     scope: Literal["full", "linear", "regex"] = Field(
         "full", description="linear: linear-layer weights; regex: scope_pattern"
     )
     scope_pattern: str | None = None
     noise: str = Field("normal", description="noise kind: 'normal' (dense Gaussian), 'lowrank' (A B^T per matrix, "
-                       "EGGROLL) or any registered Perturbation")
-    noise_rank: int = Field(1, ge=1, description="lowrank: rank r of each member's A B^T")
+                       "EGGROLL), 'subspace' (A0 B^T with A0 fixed for the run: a LoRA-shaped subspace) or any "
+                       "registered Perturbation")
+    noise_rank: int = Field(1, ge=1, description="lowrank, subspace: rank r of each member's A B^T")
     noise_others: Literal["frozen", "full"] = Field(
-        "frozen", description="lowrank: non-matrix parameters (norms, biases) frozen or dense Gaussian"
+        "frozen", description="lowrank, subspace: non-matrix parameters (norms, biases) frozen or dense Gaussian"
     )
     restore: Literal["auto", "none", "exact", "subtract"] = Field(
         "auto", description="exact: fp32 master copy; subtract: no copy, drifts; none: no master, exact fp32 "
@@ -65,6 +73,9 @@ class ESConfig(BaseModel):
     def noise_spec(self) -> dict:
         kind: Any = perturbation_class(self.noise)  # a Perturbation class (esopt.es.perturbation, torch)
         return kind.make_spec(self.chunk_numel, rank=self.noise_rank, others=self.noise_others)
+
+    def optimizer_spec(self) -> dict | None:
+        return optimizer_spec(self.optimizer, self.adam_beta1, self.adam_beta2, self.adam_eps)
 
     def sigma_at(self, generation: int) -> float:
         return Schedule(self.sigma_schedule, self.sigma, self.sigma_min, self._length())(generation)

@@ -13,6 +13,7 @@ DEFAULT_CHUNK_NUMEL = 1 << 20  # 4 MiB of fp32 per noise chunk
 PERTURBATIONS: dict[str, type | str] = {
     "normal": "esopt.es.perturbation:GaussianNoise",
     "lowrank": "esopt.es.perturbation:LowRankNoise",
+    "subspace": "esopt.es.perturbation:SubspaceNoise",
 }
 
 

@@ -35,6 +35,7 @@ import torch
 
 from esopt.es.kinds import DEFAULT_CHUNK_NUMEL, PERTURBATIONS, perturbation_class
 from esopt.es.noise import NoiseSource
+from esopt.es.optim import AdamState
 
 Params = Sequence[tuple[str, torch.nn.Parameter]]
 RESTORE_MODES = ("exact", "subtract", "none")
@@ -95,6 +96,7 @@ class Perturbation:
         self.masters: list[torch.Tensor] | None = None
         self.low_bits: list[torch.Tensor | None] | None = None  # restore "none" (see the module docstring)
         self.held: list[torch.Tensor] | None = None  # restore "none": the weights while a member is applied
+        self.optimizer: AdamState | None = None  # a stateful optimiser of the ES gradient (`apply_record`)
         self.master_device = master_device
         if restore == "exact":
             self.masters = [p.detach().to(master_device, torch.float32, copy=True).view(-1) for _, p in self.params]
@@ -109,6 +111,12 @@ class Perturbation:
     @property
     def numel(self) -> int:
         return sum(p.numel() for _, p in self.params)
+
+    @property
+    def searched_dimension(self) -> int:
+        """D: how many coordinates the updates of a run can move (all perturbed elements, unless a kind
+        confines them to a subspace)."""
+        return self.numel
 
     def perturb(self, seed: int, scale: float, upto: int | None = None) -> Iterator[int]:
         """theta_k += scale * eps_k for the first `upto` tensors; yields k after each one is done."""
@@ -140,15 +148,20 @@ class Perturbation:
             yield s, e, acc
 
     @torch.no_grad()
-    def update(self, coefs: dict[int, float], step: float, decay: float = 0.0) -> float:
+    def update(self, coefs: dict[int, float], step: float, decay: float = 0.0, lr: float | None = None) -> float:
         """theta = theta * (1 - decay) + step * sum_seed coef_seed * eps_seed; returns the change's RMS.
+        With an optimiser (Adam), step * sum coef eps is its gradient and `lr` its learning rate instead.
         Accumulated in fp32 block by block, so training and replay do identical floating-point operations
         (bit-exact replay in fp32) and no step holds a full-size delta."""
         sq, count = 0.0, 0
         scaled = {seed: c * step for seed, c in coefs.items()}
+        if self.optimizer is not None:
+            self.optimizer.begin_step()
         for k, (name, p) in enumerate(self.params):
             flat = p.data.view(-1)
             for s, e, d in self.blocks(scaled, name, p):
+                if self.optimizer is not None:
+                    d = self.optimizer.direction(k, s, e, d, step if lr is None else lr)
                 sq += float(torch.dot(d, d))
                 count += e - s
                 value = self.exact_value(k, s, e)
@@ -308,11 +321,25 @@ def update_coefficients(record: dict) -> dict[int, float]:
 
 
 def apply_record(perturbation: Perturbation, record: dict) -> float:
-    """Apply one generation's update from its ledger line (used by tell, replay and replica sync)."""
+    """Apply one generation's update from its ledger line (used by tell, replay and replica sync). A line with
+    an `optimizer` (Adam) updates the optimiser state `perturbation` carries from line to line, so lines must
+    be applied in order from generation 0 on one perturbation."""
     if record["alpha"] <= 0:
         return 0.0
-    step = record["alpha"] / record["population_size"]
-    return perturbation.update(update_coefficients(record), step, decay=record["alpha"] * record["weight_decay"])
+    decay = record["alpha"] * record["weight_decay"]
+    spec = record.get("optimizer")
+    if spec is None:
+        return perturbation.update(update_coefficients(record), record["alpha"] / record["population_size"], decay)
+    if spec["kind"] != "adam":
+        raise ValueError(f"unknown optimizer {spec['kind']!r} in ledger line {record['generation']}")
+    if perturbation.optimizer is None:
+        if record["generation"] != 0:
+            raise ValueError(f"an Adam run's ledger must be applied from generation 0 (its moments are rebuilt "
+                             f"from every line), got line {record['generation']} first")
+        perturbation.optimizer = AdamState.from_spec(spec, [p.numel() for _, p in perturbation.params],
+                                                     perturbation.master_device)
+    return perturbation.update(update_coefficients(record), 1.0 / record["population_size"], decay,
+                               lr=record["alpha"])
 
 
 class LowRankNoise(Perturbation):
@@ -399,3 +426,42 @@ class LowRankNoise(Perturbation):
 
 
 register_perturbation(LowRankNoise)
+
+
+class SubspaceNoise(LowRankNoise):
+    """LoRA-shaped subspace: member i perturbs a matrix W (out x in) by sigma * A0 B_i^T / sqrt(r), where A0
+    (out x r) is fixed for the whole run (drawn from `basis_seed` and the tensor name) and only B_i (in x r)
+    comes from the member's seed. ES then searches the r * in coordinates of B, as LoRA with A frozen does:
+    the searched dimension D is sum(r * in) over the matrices (~1.5e5 for SmolLM2 at r = 1, against 1.3e8
+    for dense noise), and every update stays in the span of A0, so the run's total change has rank <= r per
+    matrix. Each element of A0 B^T / sqrt(r) has unit variance, as dense noise has, so sigma means the same.
+    Batched populations run it like `lowrank` (the same factors interface)."""
+
+    dist = "subspace"
+    version = 1
+    BASIS_SEED = 0x5EED5
+
+    def __init__(self, params: Params, spec: dict, restore: str = "exact", master_device: str = "cpu"):
+        super().__init__(params, spec, restore, master_device)
+        self.basis_seed = int(spec.get("basis_seed", self.BASIS_SEED))
+        self._bases: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+    @classmethod
+    def make_spec(cls, chunk_numel: int = DEFAULT_CHUNK_NUMEL, rank: int = 1, others: str = "frozen", **_) -> dict:
+        return {**super().make_spec(chunk_numel, rank, others), "basis_seed": cls.BASIS_SEED}
+
+    @property
+    def searched_dimension(self) -> int:
+        return sum(self.rank * p.shape[1] if p.dim() == 2 else p.numel() for _, p in self.params)
+
+    def factors(self, seed: int, name: str, shape: torch.Size, device) -> tuple[torch.Tensor, torch.Tensor]:
+        out_dim, in_dim = shape
+        key = (name, torch.device(device))
+        if key not in self._bases:  # fixed for the run: drawn once per tensor
+            self._bases[key] = self.noise.full(self.basis_seed, name + "#A0", torch.Size((out_dim, self.rank)),
+                                               device=device)
+        b = self.noise.full(seed, name + "#B", torch.Size((in_dim, self.rank)), device=device)
+        return self._bases[key], b
+
+
+register_perturbation(SubspaceNoise)

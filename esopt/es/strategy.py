@@ -137,8 +137,21 @@ class ES:
         self._members = None
         return result
 
+    def fast_forward(self, records: Sequence[dict]) -> None:
+        """Apply ledger lines (generations 0.. or those after a checkpoint's) through this ES's own perturbation,
+        as `replay` does, so a stateful optimiser (Adam) continues from the moments they imply."""
+        for r in records:
+            if r["generation"] != self.generation:
+                raise ValueError(f"ledger line for generation {r['generation']} applied at generation "
+                                 f"{self.generation}")
+            apply_record(self.perturbation, r)
+            self.generation += 1
+        self.on_weights_changed()
+
     def record(self, rewards: np.ndarray, weights: np.ndarray) -> dict:
         c, members = self.config, self._members or []
+        # absent for SGD, so old ledgers' lines stay as they were
+        optimizer = {"optimizer": spec} if (spec := c.optimizer_spec()) else {}
         return {
             "generation": self.generation,
             "population_size": c.population_size,
@@ -153,6 +166,7 @@ class ES:
             "scope": c.param_scope.to_dict(),
             "restore": self.perturbation.restore_mode,  # what replay must use ("auto" resolved)
             "noise": self.perturbation.spec,
+            **optimizer,
         }
 
 

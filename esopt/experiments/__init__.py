@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "sandbox": "esopt.experiments.sandbox_overhead",  # per-call cost of each sandbox backend
     "serve": "esopt.experiments.serve_throughput",  # esopt serve at 1, 8 and 64 concurrent clients
     "heuristics": "esopt.experiments.heuristics",  # EoH + ES vs frozen / best-T / noise-only arms
+    "es-variants": "esopt.experiments.es_variants",  # which ES settings raise validation success per episode
 }
 ANALYSES: dict[str, str] = {
     "variance": "esopt.experiments.variance",
@@ -22,6 +23,8 @@ ANALYSES: dict[str, str] = {
     "calibrate": "esopt.experiments.calibrate",
     "neighbourhood": "esopt.experiments.neighbourhood",
     "gain": "esopt.experiments.gain",
+    "sensitivity": "esopt.experiments.sensitivity",  # antithetic pairs that score differently, per sigma
+    "es-signal": "esopt.experiments.es_signal",  # noise-to-signal of each ES variant's update vs its dimension D
 }
 
 

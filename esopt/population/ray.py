@@ -42,14 +42,13 @@ class Replica:
     from the run's config in the worker (the training layer provides it); the ledger so far is replayed."""
 
     def __init__(self, setup: Callable[[], ReplicaParts], records: list[dict], threads: int = 1):
-        from esopt.es import ES, replay
+        from esopt.es import ES
 
         torch.set_num_threads(threads)
         parts = setup()
         self.policy, self.make_env, self.score = parts.engine, parts.make_env, parts.score
-        replay(self.policy.model, records)
-        self.es = ES(self.policy.model, parts.es_config, generation=len(records),
-                     on_weights_changed=self.policy.weights_changed)
+        self.es = ES(self.policy.model, parts.es_config, on_weights_changed=self.policy.weights_changed)
+        self.es.fast_forward(records)  # the ledger so far, through this replica's own perturbation
 
     def evaluate(self, member: Member, sigma: float, task_seeds: list[int], rollout_seed: int, spec: RolloutSpec):
         return run_member(self.es, self.policy, spec, self.make_env, member, sigma, task_seeds, rollout_seed,

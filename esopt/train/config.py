@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from esopt.engines.base import SamplingParams
 from esopt.es.config import ESConfig
+from esopt.utils.io import write_text_atomic
 
 ScoreKind = Literal["env", "success", "shaped"]  # how an episode becomes one scalar (`trajectory_score`)
 
@@ -158,8 +159,8 @@ class ESSection(ESConfig):
     def _check_pool(self) -> ESSection:
         if self.task_pool is not None and self.task_pool < self.tasks_per_member:
             raise ValueError(f"task_pool ({self.task_pool}) must be >= tasks_per_member ({self.tasks_per_member})")
-        if self.batched and self.noise == "lowrank" and self.noise_others != "frozen":
-            raise ValueError("es.batched with es.noise: lowrank needs es.noise_others: frozen")
+        if self.batched and self.noise in ("lowrank", "subspace") and self.noise_others != "frozen":
+            raise ValueError(f"es.batched with es.noise: {self.noise} needs es.noise_others: frozen")
         if self.members_per_rollout is not None and not self.batched:
             raise ValueError("es.members_per_rollout needs es.batched: true (members run one by one otherwise)")
         return self
@@ -437,4 +438,4 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def dump_config(config: BaseTrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    write_text_atomic(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from esopt.engines.base import Engine
-from esopt.es import ES, Ledger, read_history, replay
+from esopt.es import ES, Ledger, read_history
 from esopt.es.shaping import ZeroVariancePopulation, pair_disagreement, task_normalized
 from esopt.models import load_policy
 from esopt.population import Evaluator, MemberResult, PopulationContext, ReplicaParts, build_evaluator
@@ -91,14 +91,18 @@ class ESAlgorithm:
     unit = "generation"
 
     def __init__(self, policy: Engine, config: ESTrainConfig, rd: RunDir, make_env: Callable, timers: Timers,
-                 start: int, progress: bool):
+                 start: int, progress: bool, applied: int | None = None):
+        """`policy` holds the weights after generation `applied` (default `start`): the ledger lines from there
+        to `start` are applied here, through the ES's own perturbation (a stateful optimiser's moments too)."""
         self.policy, self.config, self.timers = policy, config, timers
         records = read_history(rd.history_path)[:start] if rd.history_path.exists() else []
         es_config = config.es_config
         if records and records[0]["restore"] != es_config.restore:  # replay reads the first line's mode: keep it
             es_config = es_config.model_copy(update={"restore": records[0]["restore"]})
-        self.es = ES(policy.model, es_config, ledger=rd.history_path, generation=start,
+        applied = start if applied is None else applied
+        self.es = ES(policy.model, es_config, ledger=rd.history_path, generation=applied,
                      on_weights_changed=policy.weights_changed)
+        self.es.fast_forward(records[applied:start])
         self.spec = rollout_spec(config, make_env)
         self.evaluator = population_evaluator(config, self.es, policy, make_env, timers, progress, rd.root, records)
         self.prompts = None
@@ -172,26 +176,34 @@ class ESAlgorithm:
         return f"ES overhead share {timers.es_overhead_share:.1%}"
 
 
-def resume_weights(rd: RunDir, config: ESTrainConfig) -> tuple[Engine, int]:
-    """Weights after the last complete generation: newest checkpoint + replay of the ledger tail."""
+def resume_weights(rd: RunDir, config: ESTrainConfig) -> tuple[Engine, int, int]:
+    """(policy, generations in the ledger, generation the policy's weights are at): the newest checkpoint, or
+    the base model when there is none (a run dir whose weights are gone: the ledger rebuilds them exactly),
+    when the weights are not fp32 (a checkpoint holds rounded weights, the ledger the exact fp32 ones) or
+    when the optimiser has state a checkpoint does not hold (Adam: its moments are rebuilt from every line).
+    The lines after it are applied by `ESAlgorithm`."""
     records = read_history(rd.history_path) if rd.history_path.exists() else []
     Ledger(rd.history_path).truncate(len(records))  # drop a torn line for good
     ckpt = rd.latest_checkpoint(at_most=len(records))
-    if ckpt and config.model.resolved_dtype == "float32":  # checkpoints hold the exact fp32 master weights
+    if ckpt and config.model.resolved_dtype == "float32" and config.es.optimizer == "sgd":
         step, path = ckpt
         policy = load_policy(str(path), dtype=config.model.resolved_dtype, device=config.model.device,
                              engine=config.model.engine)
     else:
         step, policy = 0, load_model(config.model, config.env.kwargs)
-    replay(policy.model, records[step:])
     rd.drop_metrics_from(len(records))
-    return policy, len(records)
+    return policy, len(records), step
 
 
 def setup(rd: RunDir, config: ESTrainConfig, make_env: Callable, timers: Timers, resume: bool, progress: bool
           ) -> tuple[ESAlgorithm, int]:
-    policy, start = resume_weights(rd, config) if resume else (load_model(config.model, config.env.kwargs), 0)
-    return ESAlgorithm(policy, config, rd, make_env, timers, start, progress), start
+    if resume:
+        policy, start, applied = resume_weights(rd, config)
+        if start and not applied:
+            say(f"rebuilding the weights of generation {start} from the base model and the ledger", progress)
+    else:
+        policy, start, applied = load_model(config.model, config.env.kwargs), 0, 0
+    return ESAlgorithm(policy, config, rd, make_env, timers, start, progress, applied), start
 
 
 def train(config: ESTrainConfig, out: str | Path, resume: bool = False, progress: bool = True) -> dict:

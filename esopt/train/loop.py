@@ -86,8 +86,7 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
     timers = Timers()
     try:
         rd.create()
-        if not resume:
-            rd.write_config(config)
+        rd.write_config(config)  # a resume with overrides (`--resume RUN steps=100`) records what it runs
         algorithm, start = setup(rd, config, make_env, timers, resume, progress)
     except BaseException:
         if created and not resume:  # a failed start leaves no half-made run dir

@@ -1,0 +1,76 @@
+"""`esopt analyze sensitivity`: the pair gap is the member's noise seen through the reward, so with a reward
+linear in one weight matrix it is exactly 2 sigma |<eps, u>| (doubling sigma doubles it), and it is zero when
+the scope leaves that matrix out."""
+
+import pytest
+import torch
+
+from esopt.experiments.sensitivity import main, probe
+from esopt.train.config import build_config
+from tests.train.test_train_es import TINY
+
+
+@pytest.fixture
+def linear_reward(monkeypatch):
+    from esopt.rollout import RolloutSpec, RolloutStats, Trajectory
+
+    probe_state: dict = {}
+
+    def rollout(self, policy, make, task_seeds, seed, **kwargs):
+        param = policy.model.model.layers[0].mlp.up_proj.weight
+        u = probe_state.setdefault("u", torch.randn(param.shape, generator=torch.Generator().manual_seed(5)))
+        value = float((param.detach() * u).sum())
+        return [Trajectory(task_seed=s, reward=value) for s in task_seeds], RolloutStats(episodes=len(task_seeds))
+
+    monkeypatch.setattr(RolloutSpec, "run", rollout)
+
+
+def test_pair_gap_is_linear_in_sigma_and_zero_outside_the_scope(linear_reward):
+    config = build_config({}, [*TINY, "es.reward=env"])
+    rows = probe(config, [1e-3, 2e-3])
+    full = sum(p.numel() for p in _model_params(config))
+    assert [r["pair_disagreement"] for r in rows] == [1.0, 1.0]
+    assert rows[0]["pair_gap"] > 0
+    assert rows[1]["pair_gap"] == pytest.approx(2 * rows[0]["pair_gap"], rel=1e-3)
+    assert rows[0]["dimension"] == full
+    outside = build_config({}, [*TINY, "es.reward=env", "es.scope=regex", "es.scope_pattern=self_attn"])
+    rows = probe(outside, [1e-3])
+    assert rows[0]["pair_disagreement"] == 0.0 and rows[0]["pair_gap"] == 0.0
+    assert 0 < rows[0]["dimension"] < full
+
+
+def _model_params(config):
+    from esopt.train.models import load_model
+
+    return list(load_model(config.model, config.env.kwargs).model.parameters())
+
+
+@pytest.mark.slow
+def test_smoke_command_writes_its_table(tmp_path):
+    assert main(["--smoke", "--sigmas", "1e-3", "5e-2", "--out", str(tmp_path), "--quiet"]) == 0
+    text = (tmp_path / "sensitivity.md").read_text()
+    assert "| 0.001 |" in text and "| 0.05 |" in text and (tmp_path / "sensitivity.json").exists()
+
+
+def test_bad_sigma_is_a_one_line_error(tmp_path):
+    with pytest.raises(ValueError, match="--sigmas must be positive"):
+        main(["--smoke", "--sigmas", "0", "--out", str(tmp_path), "--quiet"])
+
+
+@pytest.mark.slow
+def test_es_variants_smoke_reports_each_variant_against_base_and_baseline(tmp_path):
+    """`esopt bench es-variants` runs each registered variant as the horizon bench's ES run with its options, and
+    the report pairs each with the base model and with the baseline variant on the same validation tasks."""
+    import yaml
+
+    from esopt.experiments.es_variants import main as variants_main
+
+    out = tmp_path / "v"
+    assert variants_main(["--smoke", "--only", "baseline", "subspace-r1", "--out", str(out)]) == 0
+    run = out / "subspace-r1" / "horizon" / "es_h1_s0"
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["es"]["noise"] == "subspace" and config["eval"]["split"] == "validation"
+    rows = [line for line in (out / "es_variants.md").read_text().splitlines() if line.startswith("| subspace-r1")]
+    assert len(rows) == 1 and rows[0].count("[") == 2  # an interval against the base and one against baseline
+    with pytest.raises(ValueError, match="unknown variant"):
+        variants_main(["--smoke", "--only", "nope", "--out", str(out)])
