@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from esopt.utils.io import write_text_atomic
+
 # the horizon tables' ES (tuned on validation at H*=1), which every variant starts from
 BASELINE = ["es.sigma=4e-3", "es.sigma_min=2e-3", "es.alpha=2e-3"]
 COMMON = ["eval.split=validation"]
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [] if args.report_only else run_variants(plans, out, args.resume, args.threads, args.jobs)
     text = report(plans, out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "es_variants.md").write_text(text)
+    write_text_atomic(out / "es_variants.md", text)  # a killed run leaves the old report whole
     print(text)
     print(f"wrote {out / 'es_variants.md'} ({time.perf_counter() - t:.0f}s)")
     if failed:
