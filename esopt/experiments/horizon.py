@@ -41,6 +41,7 @@ from pathlib import Path
 from esopt.engines.base import SamplingParams
 
 METHODS = ("es", "grpo", "ppo")
+BUDGETS = ("episodes", "flops")
 LABELS = {"es": "ES", "grpo": "GRPO", "ppo": "PPO"}
 PAPER = "paper (Qwen3.5-4B, 9x9, H* 5/10/15): PPO 90.63/56.25/0.00, GRPO 85.42/67.71/40.63, ES 89.58/62.50/53.13"
 
@@ -78,6 +79,9 @@ class Plan:
     overrides: list[str] = field(default_factory=list)  # `--set` dotted overrides
     curve_every: int = 0  # learning curve: validation success every k steps (0: off)
     curve_tasks: int = 32  # validation tasks per learning-curve eval
+    # episodes: every method rolls out M episodes per step. flops: ES gets the episodes that cost what one GRPO
+    # step's passes cost (Table 2's factors, `matched_flops_scale`): members x scale, the same tasks per member
+    budget: str = "episodes"
 
     def check(self) -> None:
         m = self.episodes_per_step
@@ -95,6 +99,8 @@ class Plan:
             raise ValueError(f"--episodes-per-step ({m}) must be a multiple of the GRPO group size ({self.group_size})")
         if not (self.h_stars and self.seeds and self.methods):
             raise ValueError("need at least one method, one H* and one seed")
+        if self.budget not in BUDGETS:
+            raise ValueError(f"--budget must be one of {list(BUDGETS)} (got {self.budget!r})")
 
 
 PRESETS: dict[str, dict] = {
@@ -125,11 +131,27 @@ def run_name(method: str, h_star: int, seed: int) -> str:
     return f"{method}_h{h_star}_s{seed}"
 
 
+def pg_flops_per_token(section) -> float:
+    """Model FLOPs per token and parameter of one GRPO/PPO step's policy passes (Table 2's factor): the
+    rollout's forward (2), forward and backward per epoch (6 each), the frozen KL reference (2)."""
+    return 2.0 + 6.0 * section.epochs + (2.0 if section.kl_beta > 0 else 0.0)
+
+
+def matched_flops_scale(plan: Plan) -> int:
+    """How many times GRPO's episodes ES rolls out per step at the plan's budget: 1 at equal episodes; at
+    matched FLOPs GRPO's factor over ES's (2: the rollout's forward only), e.g. (2 + 6 + 2) / 2 = 5."""
+    if plan.budget == "episodes":
+        return 1
+    grpo = run_config(replace(plan, budget="episodes"), "grpo", plan.h_stars[0], plan.seeds[0]).grpo
+    return max(1, round(pg_flops_per_token(grpo) / 2.0))
+
+
 def run_config(plan: Plan, method: str, h_star: int, seed: int):
     """The full training config of one run (validated), with the plan's matched budget."""
     from esopt.train.config import build_config
 
     m = plan.episodes_per_step
+    scale = matched_flops_scale(plan) if method == "es" else 1
     data = {
         "algo": method, "seed": seed, "steps": plan.steps,
         "model": {"name": plan.model, **({"warm_start_steps": plan.warm_start_steps}
@@ -144,7 +166,7 @@ def run_config(plan: Plan, method: str, h_star: int, seed: int):
     }
     section = {**HPARAMS[method], "reward": plan.reward}
     if method == "es":
-        section.update(population_size=plan.population, tasks_per_member=m // plan.population)
+        section.update(population_size=plan.population * scale, tasks_per_member=m // plan.population)
     elif method == "grpo":
         section.update(tasks_per_step=m // plan.group_size, group_size=plan.group_size)
     else:
@@ -152,9 +174,9 @@ def run_config(plan: Plan, method: str, h_star: int, seed: int):
     data[method] = section
     mine = [o for o in plan.overrides if o.split(".", 1)[0] not in METHODS or o.split(".", 1)[0] == method]
     config = build_config(data, mine)
-    if config.episodes_per_step != m:
+    if config.episodes_per_step != m * scale:
         raise ValueError(f"--set {mine} gives {method} {config.episodes_per_step} episodes per step, not the "
-                         f"matched {m}: change --episodes-per-step, --population or --group-size instead")
+                         f"matched {m * scale}: change --episodes-per-step, --population or --group-size instead")
     return config
 
 
@@ -352,13 +374,21 @@ def time_lines(plan: Plan, by: dict, methods: list[str]) -> list[str]:
     return lines
 
 
+def budget_text(plan: Plan) -> str:
+    m, scale = plan.episodes_per_step, matched_flops_scale(plan)
+    if scale == 1:
+        return f"**{m} episodes per step for every method**"
+    return (f"**matched estimated model FLOPs per step**: GRPO and PPO {m} episodes, ES {m * scale} (x{scale}: "
+            "2 FLOPs per token and parameter for ES's forward-only rollout against GRPO's 2 + 6 per epoch + 2)")
+
+
 def report(plan: Plan, results: list[RunResult]) -> str:
     """The markdown of horizon.md (tables only; the curves are horizon.png)."""
     from esopt.utils.memory import fmt_mib  # torch: not at import time (the CLI's start-up)
 
     methods = [m for m in plan.methods if any(r.method == m for r in results)]
     by = {(m, h): [r for r in results if r.method == m and r.h_star == h] for m in plan.methods for h in plan.h_stars}
-    m_eps = plan.episodes_per_step
+    m_eps, scale = plan.episodes_per_step, matched_flops_scale(plan)
     # what the runs were given: the defaults with the preset's and the command line's overrides applied
     configs = {m: run_config(plan, m, plan.h_stars[0], plan.seeds[0]) for m in plan.methods}
     used = {m: {k: getattr(getattr(c, m), k) for k in HPARAMS[m]} for m, c in configs.items()}
@@ -368,7 +398,7 @@ def report(plan: Plan, results: list[RunResult]) -> str:
         f"# Horizon benchmark: ES vs GRPO vs PPO on {plan.size}x{plan.size} Sudoku", "",
         (f"Model `tiny-sudoku` (warm start {plan.warm_start_steps} steps)" if plan.model == "tiny-sudoku"
          else f"Model `{plan.model}`") + f" ({first.model.resolved_dtype}); H* {plan.h_stars}; seeds {plan.seeds}; "
-        f"{plan.steps} steps; **{m_eps} episodes per step for every method** (ES: {plan.population} members x "
+        f"{plan.steps} steps; {budget_text(plan)} (ES: {plan.population * scale} members x "
         f"{m_eps // plan.population} tasks, antithetic; GRPO: {m_eps // plan.group_size} tasks x group "
         f"{plan.group_size}; PPO: {m_eps} tasks); sampling T={sp.temperature}, top-p {sp.top_p}, top-k {sp.top_k}, "
         f"max {sp.max_new_tokens} new tokens; training score `{plan.reward}`; held-out eval {plan.eval_tasks} "
@@ -429,7 +459,8 @@ def report(plan: Plan, results: list[RunResult]) -> str:
               "and last eval unless --eval-every), the training rollouts' success every step, and validation "
               "success every --curve-every steps (when on).", "",
               "![held-out, training and validation success vs training episodes, one column per H*](horizon.png)",
-              ""]
+              "", "Against training wall-clock (one line per run; the CPU and its sharing set the scale):", "",
+              "![success vs training wall-clock, one column per H*](horizon_wallclock.png)", ""]
     return "\n".join(lines)
 
 
@@ -473,19 +504,60 @@ def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="best")
     # two lines: one panel column is narrower than the one-line title
-    fig.suptitle(f"{plan.size}x{plan.size} Sudoku,\n{plan.episodes_per_step} episodes per step for every method")
+    fig.suptitle(f"{plan.size}x{plan.size} Sudoku,\n" + budget_text(plan).replace("**", "").split(" (x")[0])
+    return save_figure(fig, path)
+
+
+def training_seconds(r: RunResult) -> dict[int, float]:
+    """Step -> training seconds spent up to and including it (evals not counted; step 0: 0)."""
+    total, at = 0.0, {0: 0.0}
+    for row in sorted(r.train_rows, key=lambda t: t["step"]):
+        total += row.get("seconds", math.nan)
+        at[int(row["step"])] = total
+    return at
+
+
+def plot_wallclock(plan: Plan, results: list[RunResult], path: Path) -> Path:
+    """Success against training wall-clock, one column per H*: the validation curve where the runs have one,
+    else the held-out evals; one line per run (seeds differ in time, so no mean band)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from esopt.utils.plots import save_figure
+
+    n = len(plan.h_stars)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.3), squeeze=False)
+    for ax, h in zip(axes[0], plan.h_stars):
+        for r in (r for r in results if r.h_star == h):
+            seconds = training_seconds(r)
+            points = r.curve or [(step, success) for step, success, _ in r.evals]
+            xs = [(seconds.get(step, math.nan) / 60, y) for step, y in points if step in seconds]
+            k = METHODS.index(r.method)
+            label = f"{LABELS[r.method]}" if r.seed == min(x.seed for x in results if x.method == r.method) else None
+            ax.plot([x for x, _ in xs], [y for _, y in xs], marker=".", color=f"C{k}", alpha=0.8, label=label)
+        ax.set(title=f"H* = {h}", xlabel="training wall-clock (min, evals excluded)",
+               ylabel="validation success" if any(r.curve for r in results) else "held-out success")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle(f"{plan.size}x{plan.size} Sudoku, one line per run")
     return save_figure(fig, path)
 
 
 def write_report(plan: Plan, out: Path, also: Sequence[Path] = ()) -> tuple[Path, Path, str]:
     """OUT/horizon.md and OUT/horizon.png from the runs under OUT, then under each of `also` (runs that ran
     elsewhere: another machine, another session's out dir)."""
+    from esopt.utils.io import write_text_atomic
+
     results = load_results(plan, [out, *also])
     text = report(plan, results)
     md = out / "horizon.md"
     md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(text)
-    (out / "horizon_plan.json").write_text(json.dumps(asdict(plan), indent=1))
+    write_text_atomic(md, text)
+    write_text_atomic(out / "horizon_plan.json", json.dumps(asdict(plan), indent=1))
+    plot_wallclock(plan, results, out / "horizon_wallclock.png")
     return md, plot_curves(plan, results, out / "horizon.png"), text
 
 
@@ -507,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="steps (GRPO/PPO) = generations (ES) per run")
     p.add_argument("--episodes-per-step", type=int, help="M: training episodes per step, the same for every method")
     p.add_argument("--population", type=int, help="ES members N (each runs M/N tasks)")
+    p.add_argument("--budget", choices=BUDGETS,
+                   help="episodes (default): M episodes per step for every method; flops: ES gets the episodes "
+                        "that cost one GRPO step's estimated model FLOPs (N x 5 members at GRPO's 1 epoch)")
     p.add_argument("--group-size", type=int, help="GRPO group size G (M/G tasks per step)")
     p.add_argument("--eval-tasks", type=int, help="held-out tasks per eval")
     p.add_argument("--eval-every", type=int, help="eval every k steps (0: only first and last)")
@@ -551,7 +626,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
               "group_size": args.group_size, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
               "warm_start_steps": args.warm_start_steps, "reward": args.reward, "isolate": args.isolate,
               "model": args.model, "temperature": args.temperature, "curve_every": args.curve_every,
-              "curve_tasks": args.curve_tasks}
+              "curve_tasks": args.curve_tasks, "budget": args.budget}
     plan = replace(plan, **{k: v for k, v in fields.items() if v is not None},
                    overrides=[*plan.overrides, *args.overrides])  # the preset's, then the command line's
     if args.no_memory_probe:

@@ -88,6 +88,18 @@ def test_horizon_plan_options_and_matched_budget_checks():
             horizon.plan_from_args(parse(bad))
     with pytest.raises(ValueError, match="matched"):  # an override must not unmatch the budget
         horizon.run_config(horizon.plan_from_args(parse(["--set", "es.population_size=4"])), "es", 5, 0)
+    # matched FLOPs: ES's members grow by GRPO's factor over ES's, (2 + 6 x epochs + 2 KL) / 2; the rest stays
+    flops = horizon.plan_from_args(parse(["--budget", "flops"]))
+    configs = {m: horizon.run_config(flops, m, 5, 0) for m in horizon.METHODS}
+    m = flops.episodes_per_step
+    assert {k: c.episodes_per_step for k, c in configs.items()} == {"es": 5 * m, "grpo": m, "ppo": m}
+    assert configs["es"].es.population_size == 5 * flops.population
+    assert configs["es"].es.tasks_per_member == m // flops.population
+    more = horizon.plan_from_args(parse(["--budget", "flops", "--set", "grpo.epochs=2", "grpo.kl_beta=0"]))
+    assert horizon.matched_flops_scale(more) == (2 + 12) // 2
+    assert "matched estimated model FLOPs" in horizon.budget_text(flops)
+    with pytest.raises(SystemExit):
+        parse(["--budget", "tokens"])
 
 
 def test_horizon_plan_on_the_pretrained_model_with_hints():
@@ -215,6 +227,14 @@ def test_horizon_smoke_runs_every_method_with_matched_budgets(tmp_path, monkeypa
     # runs at once need a process each
     assert cli_main(["bench", "horizon", "--preset", "smoke", "--jobs", "2", "--out", str(tmp_path / "j")]) == 2
     assert not (tmp_path / "j").exists()
+
+    # --budget flops: ES rolls out 5x GRPO's episodes per step (G x 5 members, same tasks each), and says so
+    episodes.clear()
+    assert horizon.main(["--preset", "smoke", "--out", str(tmp_path / "f"), "--methods", "es", "--h-stars", "1",
+                         "--budget", "flops"]) == 0
+    assert episodes[horizon.run_name("es", 1, 0)] == plan.steps * plan.episodes_per_step * 5
+    assert "matched estimated model FLOPs" in (tmp_path / "f" / "horizon.md").read_text()
+    assert (tmp_path / "f" / "horizon_wallclock.png").stat().st_size > 0
 
 
 @pytest.mark.slow
