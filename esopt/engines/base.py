@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import contextlib
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import torch
 
@@ -81,9 +81,14 @@ class Engine(Protocol):
         seed: int | None = None,
         return_logprobs: bool = False,
         members: Sequence[int] | None = None,
+        on_step: Callable[[list[int]], Sequence[bool] | None] | None = None,
     ) -> list[Completion]:
         """Generate one completion per prompt in one batched call; same seed => same output. `members`:
-        the population member of every prompt (rows of one member share weights), when a router is set."""
+        the population member of every prompt (rows of one member share weights), when a router is set.
+        `on_step(tokens)`: called after each decode step with every row's new token id (a finished row's is
+        padding); it may return one flag per row, True ending that row now (its client went away, or it has
+        the tokens its request asked for), and the call ends when every row has. It never changes a row's
+        tokens. Optional for an engine: `esopt serve` streams through it where the engine has it."""
         ...
 
     def weights_changed(self) -> None:

@@ -13,12 +13,12 @@ multi-turn rollout, whose weights are fixed); ES changes the weights between rol
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from esopt.engines.attention import use_decode_attention
 from esopt.engines.base import Completion, MemberRouter, SamplingParams, cut_at_stop
@@ -183,6 +183,7 @@ class HFEngine:
         seed: int | None = None,
         return_logprobs: bool = False,
         members: Sequence[int] | None = None,
+        on_step: Callable[[list[int]], Sequence[bool] | None] | None = None,
     ) -> list[Completion]:
         if members is not None and len(members) != len(prompts):
             raise ValueError(f"{len(members)} members for {len(prompts)} prompts")
@@ -190,7 +191,7 @@ class HFEngine:
             raise ValueError("a member router is active: generate needs the member of every prompt")
         if self.router is not None and members is not None:  # every forward of a plain `generate` sees these rows
             self.router.set_rows(list(members))
-        out = self._generate(prompts, sampling, seed, return_logprobs, members)
+        out = self._generate(prompts, sampling, seed, return_logprobs, members, on_step)
         if not sampling.stop:
             return out
 
@@ -201,7 +202,8 @@ class HFEngine:
 
     @torch.inference_mode()
     def _generate(self, prompts: list[str], sampling: SamplingParams, seed: int | None,
-                  return_logprobs: bool, members: Sequence[int] | None = None) -> list[Completion]:
+                  return_logprobs: bool, members: Sequence[int] | None = None,
+                  on_step: Callable[[list[int]], Sequence[bool] | None] | None = None) -> list[Completion]:
         if not prompts:
             return []
         if self.prefix_cache and len(prompts) > 1 and not return_logprobs:
@@ -213,7 +215,7 @@ class HFEngine:
                     groups=None if self.router is None or members is None else list(members),
                     set_rows=None if self.router is None else self.router.set_rows,
                     store=self.prefix_kv if self.keep_prefix else None, min_reuse=self.min_prefix_tokens,
-                    rows_store=self.row_kv if self.keep_rows else None)
+                    rows_store=self.row_kv if self.keep_rows else None, on_step=on_step)
                 texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
                 return [Completion(prompt_ids=list(p), token_ids=t, text=x) for p, t, x in zip(ids, tokens, texts)]
         dev = self.device
@@ -221,12 +223,16 @@ class HFEngine:
         input_ids = enc["input_ids"].to(dev)
         attention_mask = enc["attention_mask"].to(dev)
         gen_config = self._generation_config(sampling, return_logprobs)
+        listener = None if on_step is None else _StepCriteria(on_step, len(prompts))
         with self._rng(seed, dev):
             out = self.model.generate(  # type: ignore[operator]
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_config
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_config,
+                **({} if listener is None else {"stopping_criteria": StoppingCriteriaList([listener])}),
             )
         new_tokens = out.sequences[:, input_ids.shape[1] :]  # (B, S)
         lengths = self._lengths(new_tokens)
+        if listener is not None:  # a row the listener ended is padding after that step
+            lengths = [min(n, end) for n, end in zip(lengths, listener.ended_at)]
         token_lists = [row[:n] for row, n in zip(new_tokens.tolist(), lengths)]
         logprob_lists = None
         if return_logprobs:
@@ -285,3 +291,24 @@ class HFEngine:
             steps.append(lp.gather(1, new_tokens[:, s : s + 1]).squeeze(1))
         table = torch.stack(steps, dim=1).tolist()  # (B, S)
         return [row[:n] for row, n in zip(table, lengths)]
+
+
+class _StepCriteria(StoppingCriteria):
+    """`transformers`' generate calls its stopping criteria after each new token: the place to tell an
+    `on_step` listener (see `Engine.generate`) the step's tokens and to end the rows it ends; `ended_at[row]`
+    is how many tokens the row had when the listener ended it."""
+
+    def __init__(self, on_step: Callable[[list[int]], Sequence[bool] | None], rows: int):
+        self.on_step, self.steps = on_step, 0
+        self.ended_at = [2**62] * rows
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.BoolTensor:
+        self.steps += 1
+        ends = self.on_step(input_ids[:, -1].tolist())
+        if ends is None:
+            ends = [False] * input_ids.shape[0]
+        for row, end in enumerate(ends):
+            if end and self.ended_at[row] > self.steps:
+                self.ended_at[row] = self.steps
+        return torch.tensor(list(ends), dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+

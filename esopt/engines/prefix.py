@@ -169,6 +169,7 @@ def generate_with_shared_prefix(
     store: PrefixKV | None = None,
     min_reuse: int = 1,
     rows_store: RowKV | None = None,
+    on_step: Callable[[list[int]], Sequence[bool] | None] | None = None,
 ) -> tuple[list[list[int]], list[list[float]] | None]:
     """Generated ids per row (cut after the first EOS) and, if asked, their log-probabilities under
     softmax(raw logits / temperature) (temperature 1 when greedy).
@@ -180,7 +181,8 @@ def generate_with_shared_prefix(
     With a `store`, a prefix cached by an earlier call (same weights: the caller's duty) is reused, at least
     `min_reuse` tokens of it; only the rest of this call's prefix is encoded. With a `rows_store` (and the CPU
     attention that reads a shared prefix), each row also reuses the KV of its own tokens that an earlier call
-    encoded or generated under the same prefix, and leaves its own positions there for the next call."""
+    encoded or generated under the same prefix, and leaves its own positions there for the next call.
+    `on_step`: told each step's tokens, may end rows (see `esopt.engines.base.Engine.generate`)."""
     dev = next(model.parameters()).device
     generator = None
     if seed is not None and not sampling.greedy:
@@ -213,7 +215,7 @@ def generate_with_shared_prefix(
         cache = Cache(layers=[_static_rows(k, v, entries, prefix_len + own) for k, v in layers])
     del layers
     tokens, logprobs = _decode(model, cache, input_ids, mask, positions, prefix_len + cached, sampling,
-                               eos_token_ids, pad_token_id, generator, return_logprobs, shared)
+                               eos_token_ids, pad_token_id, generator, return_logprobs, shared, on_step)
     if rows_store is not None:
         rows_store.reused_tokens += sum(n for n, _ in reuse)
         kept = _own_entries(own_layers, ids, starts, prefix_len, cached, input_ids.shape[1], tokens, row_groups)
@@ -373,13 +375,16 @@ def _suffix_batch(ids: Sequence[Sequence[int]], starts: Sequence[int], prefix_le
 def _decode(model: torch.nn.Module, cache: Cache, input_ids: torch.Tensor, mask: torch.Tensor,
             positions: torch.Tensor, offset: int, sampling: SamplingParams, eos_token_ids: Sequence[int],
             pad_token_id: int, generator: torch.Generator | None, return_logprobs: bool,
-            shared: SharedPrefix | None = None) -> tuple[list[list[int]], list[list[float]] | None]:
+            shared: SharedPrefix | None = None,
+            on_step: Callable[[list[int]], Sequence[bool] | None] | None = None,
+            ) -> tuple[list[list[int]], list[list[float]] | None]:
     """The decode loop over the suffixes (the first at mask position `offset`): token ids per row, cut after the
-    first EOS (and their log-probs)."""
+    first EOS or where `on_step` ended the row (and their log-probs)."""
     dev, (batch, width) = input_ids.device, input_ids.shape
     cache_position = torch.arange(offset, offset + width, device=dev)
     eos = torch.tensor(list(eos_token_ids), device=dev)
     done = torch.zeros(batch, dtype=torch.bool, device=dev)
+    lengths = torch.full((batch,), sampling.max_new_tokens, device=dev)  # a row's tokens: up to its EOS or its end
     steps: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
     temperature = 1.0 if sampling.greedy else sampling.temperature
@@ -393,7 +398,11 @@ def _decode(model: torch.nn.Module, cache: Cache, input_ids: torch.Tensor, mask:
         steps.append(token)
         if return_logprobs:
             logprobs.append(torch.log_softmax(logits / temperature, -1).gather(1, token[:, None]).squeeze(1))
-        done |= torch.isin(token, eos)
+        ended = done | torch.isin(token, eos)
+        if on_step is not None and (ends := on_step(token.tolist())) is not None:
+            ended |= torch.tensor(list(ends), dtype=torch.bool, device=dev)
+        lengths = torch.where(ended & ~done, torch.full_like(lengths, t + 1), lengths)
+        done = ended
         if bool(done.all()) or t + 1 == sampling.max_new_tokens:
             break
         input_ids = token[:, None]
@@ -401,8 +410,7 @@ def _decode(model: torch.nn.Module, cache: Cache, input_ids: torch.Tensor, mask:
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=dev)], dim=1)
         cache_position = cache_position[-1:] + 1
     table = torch.stack(steps, dim=1).tolist()  # (B, S)
-    is_eos = torch.isin(torch.stack(steps, dim=1), eos)
-    lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full((batch,), len(steps), device=dev))
+    lengths = lengths.clamp(max=len(steps))
     token_lists = [row[:n] for row, n in zip(table, lengths.tolist())]
     logprob_lists = None
     if return_logprobs:

@@ -1,11 +1,13 @@
-"""Throughput of `esopt serve`: requests/s and tokens/s at 1, 8 and 64 concurrent clients, side by side.
+"""Throughput and latency of `esopt serve`: requests/s, tokens/s, time to first token and total latency at
+1, 8 and 64 concurrent clients, side by side.
 
 The server runs in this process (uvicorn on a thread, a loopback port picked by the OS) with the model;
 the clients are the official `openai` package's `AsyncOpenAI` on this process's main event loop. Each
 level sends `--requests` chat requests (greedy, distinct prompts, `--max-tokens` each, streamed with
 `stream_options.include_usage` unless `--no-stream`) from `--clients` closed-loop clients: a client sends
 its next request when its last reply is complete. Tokens/s counts completion tokens from the replies'
-usage. "rows/call" is the mean number of rows of the server's batched `generate` calls: how much the
+usage. "first token" is the time from sending a request to its first chunk with text (streamed only: a
+JSON reply's first token comes with its last). "rows/call" is the mean number of rows of the server's batched `generate` calls: how much the
 batcher grouped. Clients and server share one Python process (and its GIL), so the client side costs the
 server some CPU; a remote client would see slightly more.
 
@@ -36,6 +38,7 @@ async def _level(base_url: str, model: str, clients: int, prompts: list[str], ma
     for p in prompts:
         queue.put_nowait(p)
     latencies: list[float] = []
+    firsts: list[float] = []
     tokens = 0
 
     async def client(c) -> None:
@@ -50,9 +53,13 @@ async def _level(base_url: str, model: str, clients: int, prompts: list[str], ma
                           temperature=0)
             if stream:
                 reply = await c.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
-                usage = None
+                usage, first = None, None
                 async for chunk in reply:
                     usage = chunk.usage or usage
+                    if first is None and chunk.choices and chunk.choices[0].delta.content:
+                        first = time.perf_counter() - t
+                if first is not None:
+                    firsts.append(first)
             else:
                 usage = (await c.chat.completions.create(**kwargs)).usage
             latencies.append(time.perf_counter() - t)
@@ -62,9 +69,17 @@ async def _level(base_url: str, model: str, clients: int, prompts: list[str], ma
         start = time.perf_counter()
         await asyncio.gather(*(client(c) for _ in range(clients)))
         seconds = time.perf_counter() - start
-    latencies.sort()
-    return {"requests": len(latencies), "seconds": seconds, "tokens": tokens,
-            "p50": statistics.median(latencies), "p95": latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]}
+    return {"requests": len(latencies), "seconds": seconds, "tokens": tokens, "p50": _quantile(latencies, 0.5),
+            "p95": _quantile(latencies, 0.95), "first_p50": _quantile(firsts, 0.5),
+            "first_p95": _quantile(firsts, 0.95)}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile of `values` (nan for none)."""
+    if not values:
+        return float("nan")
+    return float(statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]) \
+        if len(values) > 1 and q < 1 else max(values)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,12 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{torch.get_num_threads()}) | {args.requests} requests per level, max_tokens {args.max_tokens}, "
         f"greedy, {'JSON' if args.no_stream else 'streamed'} | max_batch {args.max_batch}, wait {args.wait_ms:g} ms\n"
     )
-    print("| clients | requests | seconds | requests/s | completion tokens/s | p50 latency s | p95 latency s "
-          "| rows/call |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| clients | requests | seconds | requests/s | completion tokens/s | first token p50 s | first token p95 s "
+          "| total p50 s | total p95 s | first / total (p50) | rows/call |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['clients']} | {r['requests']} | {r['seconds']:.2f} | {r['requests'] / r['seconds']:.2f} | "
-              f"{r['tokens'] / r['seconds']:.1f} | {r['p50']:.3f} | {r['p95']:.3f} | {r['rows_per_call']:.1f} |")
+              f"{r['tokens'] / r['seconds']:.1f} | {r['first_p50']:.3f} | {r['first_p95']:.3f} | {r['p50']:.3f} | "
+              f"{r['p95']:.3f} | {r['first_p50'] / r['p50']:.2f} | {r['rows_per_call']:.1f} |")
     return 0
 
 

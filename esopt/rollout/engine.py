@@ -20,7 +20,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -202,7 +202,7 @@ def _generate_turn(policy: Engine, active: list[_Episode], prompts: list[str], s
     chunk = max_batch_size or len(active)
     gens: list[Completion] = []
     for c, lo in enumerate(range(0, len(active), chunk)):
-        rows = {} if owner is None else {"members": [owner[id(e)] for e in active[lo : lo + chunk]]}
+        rows: dict[str, Any] = {} if owner is None else {"members": [owner[id(e)] for e in active[lo : lo + chunk]]}
         gens += policy.generate(prompts[lo : lo + chunk], sampling, seed=turn_seed(seed, turn, c),
                                 return_logprobs=return_logprobs, **rows)
     if len(gens) != len(active):

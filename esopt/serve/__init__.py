@@ -4,12 +4,13 @@ Routes: `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions`, `P
 `GET /health`, on FastAPI + uvicorn, bound to 127.0.0.1 unless told otherwise. Any OpenAI client works
 against it (the official `openai` package is what the tests drive it with):
 
-- `stream: true` answers with server-sent events (`chat.completion.chunk` / `text_completion` chunks, one
-  per decoded token, ending with `data: [DONE]`; `stream_options.include_usage` adds a last chunk with the
-  usage). Streaming is cut from the finished batched result, not token by token: the first content byte
-  arrives when the whole completion is done and all its chunks go out in one write, so streaming here is a
-  wire format, not lower latency. The streamed text always equals the text of the same request without
-  streaming.
+- `stream: true` answers with server-sent events (`chat.completion.chunk` / `text_completion` chunks,
+  ending with `data: [DONE]`; `stream_options.include_usage` adds a last chunk with the usage), token by
+  token as the batched `generate` call makes them: the first text arrives after the first decode step, not
+  when the completion is done (text a stop string may still claim is held back until it cannot). A client
+  that disconnects frees its rows at the next decode step. The streamed text always equals the text of the
+  same request without streaming. Requests with `logprobs` are streamed from the finished answer (one chunk
+  per decoded token, with its log-prob). `esopt bench serve` measures first-token and total latency.
 - `n` choices (sampled rows of one batch), `stop` (at most 16 strings), `seed` (a seeded sampled request is
   generated in a call of its own, so the same request with the same seed gives the same choices),
   `temperature`, `top_p`, `max_tokens` / `max_completion_tokens`, `logprobs` (the chosen tokens' log-probs

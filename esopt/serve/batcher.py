@@ -4,12 +4,18 @@ what a CPU's AMX units and a GPU need.
 Greedy requests share a call whatever their `stop` and with `max_tokens` in the same power-of-two range (the
 call runs to the longest, every row is cut to its own request's), unseeded sampled ones share a call per
 (temperature, top_p) as well; a seeded sampled request gets a call of its own, so the same request with the
-same seed gives the same choices. Every row's answer is its own prompt's."""
+same seed gives the same choices. Every row's answer is its own prompt's.
+
+Where the engine takes an `on_step` listener (`esopt.engines.base.Engine.generate`), each decode step's tokens
+go to the token queues of the streaming requests in the call as they are made, and a row ends as soon as it
+has its own request's `max_tokens` or its client has gone, so a disconnected client frees its rows."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -28,6 +34,7 @@ class _Job:
     n: int
     logprobs: bool
     future: asyncio.Future = field(repr=False)
+    tokens: asyncio.Queue | None = field(default=None, repr=False)  # streaming: (step, ids of its rows)
 
     @property
     def rows(self) -> int:
@@ -74,6 +81,10 @@ class Batcher:
         except Exception:
             self.tokenizer = policy.tokenizer
         self.eos_ids = set(getattr(policy, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
+        try:
+            self.streams = "on_step" in inspect.signature(policy.generate).parameters
+        except (TypeError, ValueError):
+            self.streams = False
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -83,9 +94,14 @@ class Batcher:
         return ids[:-1] if ids and ids[-1] in self.eos_ids else ids
 
     def enqueue(self, prompts: list[str], sampling: SamplingParams, seed: int | None, n: int = 1,
-                logprobs: bool = False) -> asyncio.Future:
+                logprobs: bool = False, tokens: asyncio.Queue | None = None) -> asyncio.Future:
+        """The future of the request's choices. With `tokens` (and an engine that streams, `self.streams`),
+        each decode step puts `(step, [the token id of each of the request's rows])` there, all of them before
+        the future is set (the loop runs its callbacks in order); a row's ids after its EOS or its `max_tokens`
+        are padding."""
         future = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(_Job(list(prompts), sampling, seed, n, logprobs, future))
+        self.queue.put_nowait(_Job(list(prompts), sampling, seed, n, logprobs, future,
+                                   tokens if self.streams else None))
         return future
 
     async def submit(self, prompts: list[str], sampling: SamplingParams, seed: int | None, n: int = 1,
@@ -146,14 +162,13 @@ class Batcher:
                                   max(j.sampling.max_new_tokens for j in jobs), ())
         prompts = [p for j in jobs for p in j.prompts for _ in range(j.n)]
         seed = jobs[0].seed if jobs[0].key()[0] == "seeded" else None
+        extra = {"on_step": self._listener(jobs, asyncio.get_running_loop())} if self.streams else {}
+        if jobs[0].logprobs:
+            extra["return_logprobs"] = True
         try:
             self.batches += 1
             self.rows += len(prompts)
-            if jobs[0].logprobs:
-                out = await asyncio.to_thread(self.policy.generate, prompts, sampling, seed,
-                                              return_logprobs=True)
-            else:
-                out = await asyncio.to_thread(self.policy.generate, prompts, sampling, seed)
+            out = await asyncio.to_thread(self.policy.generate, prompts, sampling, seed, **extra)
             if len(out) != len(prompts):
                 raise RuntimeError(f"generate returned {len(out)} completions for {len(prompts)} prompts")
             at = 0
@@ -165,6 +180,34 @@ class Batcher:
         except Exception as e:  # one bad batch answers its requests with the error, the server lives on
             log.exception("esopt serve: generate failed")
             _fail(jobs, e)
+
+    @staticmethod
+    def _listener(jobs: list[_Job], loop: asyncio.AbstractEventLoop):
+        """The `on_step` of one call (it runs on generate's thread): each step's ids to the streaming jobs'
+        queues, through the event loop; ends the rows of a job whose client has gone or that has its
+        `max_tokens`."""
+        spans, at = [], 0
+        for j in jobs:
+            spans.append((j, at, at + j.rows))
+            at += j.rows
+        ended = [False] * at
+        step = 0
+
+        def on_step(tokens: list[int]) -> list[bool]:
+            nonlocal step
+            step += 1
+            for j, start, stop in spans:
+                if ended[start]:
+                    continue
+                gone = j.future.done()  # cancelled: its client went away
+                if j.tokens is not None and not gone:
+                    with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+                        loop.call_soon_threadsafe(j.tokens.put_nowait, (step, tokens[start:stop]))
+                if gone or step >= j.sampling.max_new_tokens:
+                    ended[start:stop] = [True] * (stop - start)
+            return ended
+
+        return on_step
 
     def _finish(self, c: Completion, sampling: SamplingParams) -> Choice:
         """A row of a shared call cut to its own request's max_tokens and stop strings."""

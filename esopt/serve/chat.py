@@ -44,11 +44,12 @@ async def chat_completion(served: ServedModel, req: ChatRequest):
     asked = req.max_completion_tokens or req.max_tokens
     max_tokens = served.max_tokens(prompt_tokens, asked, DEFAULT_CHAT_MAX_TOKENS, "messages")
     sampling = req.sampling(max_tokens, stop or ())
-    future = served.batcher.enqueue([prompt], sampling, req.generation_seed, req.n, req.logprobs)
     reply = ChatReply(served, req, prompt_tokens)
-    if not req.stream:
-        return reply.body(await await_choices(future))
-    return reply.response(future, opening=reply.role_chunks())
+    if req.stream:
+        return reply.stream(served.batcher, [prompt], sampling, req.generation_seed, req.n, req.logprobs,
+                            opening=reply.role_chunks())
+    future = served.batcher.enqueue([prompt], sampling, req.generation_seed, req.n, req.logprobs)
+    return reply.body(await await_choices(future))
 
 
 class ChatReply(StreamedReply):
@@ -93,5 +94,10 @@ class ChatReply(StreamedReply):
             if piece or (lp and lp["content"]):
                 yield self.chunk([{"index": index, "delta": {"content": piece}, "logprobs": lp,
                                    "finish_reason": None}])
-        yield self.chunk([{"index": index, "delta": {}, "logprobs": None,
-                           "finish_reason": choice.finish_reason}])
+        yield self.finish_chunk(index, choice)
+
+    def text_chunk(self, index: int, piece: str) -> str:
+        return self.chunk([{"index": index, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}])
+
+    def finish_chunk(self, index: int, choice: Choice) -> str:
+        return self.chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": choice.finish_reason}])

@@ -27,10 +27,11 @@ async def text_completion(served: ServedModel, req: CompletionRequest):
                      for k in counts)
     sampling = req.sampling(max_tokens, req.stops or ())
     reply = CompletionReply(served, req, sum(counts))
+    if req.stream:
+        return reply.stream(served.batcher, prompts, sampling, req.generation_seed, req.n, reply.logprobs,
+                            opening=reply.echo_chunks())
     future = served.batcher.enqueue(prompts, sampling, req.generation_seed, req.n, reply.logprobs)
-    if not req.stream:
-        return reply.body(await await_choices(future))
-    return reply.response(future)
+    return reply.body(await await_choices(future))
 
 
 class CompletionReply(StreamedReply):
@@ -70,11 +71,14 @@ class CompletionReply(StreamedReply):
                         "finish_reason": ch.finish_reason})
         return self.head.body(out, usage=usage(self.prompt_tokens, tokens_generated(choices)))
 
+    def echo_chunks(self) -> str:
+        """The prompts of the choices, sent before generation ends, when `echo` is on."""
+        return "".join(self.chunk([{"index": i, "text": head, "logprobs": None, "finish_reason": None}])
+                       for i in range(len(self.prompts) * self.n) if (head := self.echoed(i)))
+
     def choice_chunks(self, index: int, choice: Choice) -> Iterator[str]:
         c = choice.completion
         head = self.echoed(index)
-        if head:
-            yield self.chunk([{"index": index, "text": head, "logprobs": None, "finish_reason": None}])
         ids = self.batcher.visible(c.token_ids)
         at, offset = 0, len(head)
         for piece, count in text_pieces(ids, c.text, self.batcher.decode):
@@ -83,5 +87,10 @@ class CompletionReply(StreamedReply):
             offset += len(piece)
             if piece or (lp and lp["tokens"]):
                 yield self.chunk([{"index": index, "text": piece, "logprobs": lp, "finish_reason": None}])
-        yield self.chunk([{"index": index, "text": "", "logprobs": None,
-                           "finish_reason": choice.finish_reason}])
+        yield self.finish_chunk(index, choice)
+
+    def text_chunk(self, index: int, piece: str) -> str:
+        return self.chunk([{"index": index, "text": piece, "logprobs": None, "finish_reason": None}])
+
+    def finish_chunk(self, index: int, choice: Choice) -> str:
+        return self.chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": choice.finish_reason}])

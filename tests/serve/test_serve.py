@@ -149,6 +149,90 @@ def test_streamed_completions_equal_the_non_streamed_ones(client):
     assert plain.choices[0].text.startswith("1 2 3") and plain.choices[2].text.startswith("abc")  # echo
 
 
+class SlowForward:
+    """A forward hook on the served model: every forward sleeps `delay` seconds and counts itself, and EOS is
+    never chosen, so a request runs to its max_tokens at a known pace."""
+
+    def __init__(self, policy, delay: float):
+        self.delay, self.calls, self.eos = delay, 0, policy.tokenizer.eos_token_id
+        self.handle = policy.model.register_forward_hook(self)
+
+    def __call__(self, module, args, output):
+        self.calls += 1
+        time.sleep(self.delay)
+        output.logits[..., self.eos] = -1e9
+        return output
+
+
+@pytest.fixture
+def slow_server():
+    policy = distinct_tiny_policy()
+    slow = SlowForward(policy, 0.03)
+    running = start_in_thread(build_app(policy, "tiny", wait_s=0.0))
+    yield running.base_url, slow
+    running.stop()
+    slow.handle.remove()
+
+
+def test_a_streaming_client_gets_its_first_chunk_long_before_the_completion_is_done(slow_server):
+    base, _ = slow_server
+    kwargs = dict(model="tiny", messages=user("3 4 1"), max_tokens=64, temperature=0)
+    with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60) as c:
+        plain = c.chat.completions.create(**kwargs)
+        assert plain.usage.completion_tokens == 64 and plain.choices[0].finish_reason == "length"
+        t0, first, parts = time.perf_counter(), None, []
+        for chunk in c.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}):
+            if chunk.choices and chunk.choices[0].delta.content:
+                first = first if first is not None else time.perf_counter() - t0
+                parts.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                usage_ = chunk.usage
+        total = time.perf_counter() - t0
+    assert first is not None and first < total / 2, (first, total)  # ~64 x 30 ms in all: the first after ~2
+    assert "".join(parts) == plain.choices[0].message.content and usage_ == plain.usage
+    assert len(parts) > 32  # token by token, not one piece at the end
+
+
+def test_a_client_that_disconnects_midway_frees_its_rows(slow_server):
+    base, slow = slow_server
+    with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60) as c:
+        before = slow.calls
+        stream = c.chat.completions.create(model="tiny", messages=user("3 4 1"), max_tokens=400, temperature=0,
+                                           stream=True)
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        stream.close()  # gone after its first token
+        # the batcher answers one call at a time: this reply comes after the abandoned call has ended
+        after = c.chat.completions.create(model="tiny", messages=user("hi"), max_tokens=2, temperature=0)
+    assert after.choices[0].message.content
+    forwards = slow.calls - before - 3  # the short request: its prefill and one decode step (and a spare)
+    assert forwards < 100, f"the abandoned request ran {forwards} of its 400 steps"
+
+
+def test_live_text_holds_back_what_a_stop_string_may_claim():
+    from esopt.serve.streaming import LiveText
+
+    def decode(ids):
+        return "".join(chr(i) for i in ids)
+
+    row = LiveText(decode, {0}, max_tokens=100, stop=("END",))
+    sent = [row.add(ord(ch)) for ch in "abEN"]
+    assert "".join(sent) == "ab"  # "EN" may be the start of "END"
+    assert row.add(ord("x")) == "E"  # "ENx": "E" is safe now, "Nx" may still start "END"
+    row = LiveText(decode, {0}, max_tokens=100, stop=("END",))
+    out = "".join(row.add(ord(ch)) for ch in "abENDcd")
+    assert out == "ab" and row.closed  # nothing from the stop string on
+    assert row.finish("ab") == ""
+    row = LiveText(decode, {0}, max_tokens=3)
+    assert "".join(row.add(ord(ch)) for ch in "abcdef") == "abc"  # its max_tokens
+    row = LiveText(decode, {0}, max_tokens=9)
+    assert "".join(row.add(t) for t in [ord("a"), 0, ord("b")]) == "a"  # nothing after EOS
+    row = LiveText(lambda ids: "x\ufffd" if len(ids) == 1 else "x\u00e9", {0}, max_tokens=9)
+    assert row.add(1) == "x" and row.add(2) == "\u00e9"  # an incomplete character waits for its bytes
+    assert row.finish("x\u00e9!") == "!"
+
+
 def test_text_pieces_join_to_the_text():
     from esopt.models.tiny import build_char_tokenizer
 
@@ -613,3 +697,18 @@ def test_missing_api_key_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)
     with pytest.raises(ValueError, match="NO_SUCH_KEY"):
         HTTPReflector("http://127.0.0.1:9/v1", api_key_env="NO_SUCH_KEY")
+
+
+def test_serve_benchmark_reports_first_token_before_the_whole_reply(capsys):
+    """`esopt bench serve`: every level's row, time to first token measured on the streams and below the
+    total latency (the server streams as it decodes)."""
+    from esopt.experiments.serve_throughput import main as bench
+
+    assert bench(["--model", "tiny", "--clients", "1", "3", "--requests", "6", "--max-tokens", "24",
+                  "--threads", "1"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert [ln.split("|")[1].strip() for ln in lines] == ["1", "3"]
+    for ln in lines:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        requests, first, total = int(cells[1]), float(cells[5]), float(cells[7])
+        assert requests == 6 and 0 < first < total, ln
