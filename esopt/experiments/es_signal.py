@@ -7,11 +7,18 @@ as in training, shaped as in training (z-score, ranks, per-task z-score). Each g
 variant would step along, u = 1/G sum_i w_i eps_i. Over the R directions: trace of their covariance
 (noise), |E u|^2 estimated without its noise bias (|mean|^2 - trace/R: the signal, 0 when not resolved), and
 nsr = trace / |E u|^2, scale-free, so it compares across sigma, shaping and D. nsr x episodes per generation
-is how many episodes it takes for the signal to reach the noise; an unresolved signal means nsr > ~R.
+is how many episodes it takes for the signal to reach the noise.
+
+The signal estimate is the mean of the R(R-1) cross products u_i . u_j (i != j), so under noise that is close
+to isotropic in the D searched dimensions (Gaussian noise with weights nearly independent of it: ES's case)
+its standard error is trace x sqrt(2 / (D R (R-1))). Where the signal is within 1.645 of those of zero it is
+"not resolved", and the row gives the one-sided 95% lower bound nsr > trace / (signal+ + 1.645 se): with D
+~1e8 and R = 16 that bound is ~1e5, with D ~1e5 ~3e3.
 Adam's first step is a sign of the same u, so it has no row of its own.
 
     esopt analyze es-signal --variants baseline norms subspace-r1 --h-star 1 --repeats 16 --out /work/sig
     esopt analyze es-signal --smoke --out /tmp/sig                         # seconds (tests)
+    esopt analyze es-signal --variants ... --report-only --out /work/sig    # the table of the variants saved
 
 Each finished variant is saved to OUT/es_signal/<variant>_h<H>.json, so a stopped run continues with the rest.
 """
@@ -40,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", "-R", type=int, default=16, help="independent generations per variant (default 16)")
     p.add_argument("--directions", "-K", type=int, default=8, help="random projection directions (default 8)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--report-only", action="store_true", help="only the report, of the variants already saved")
     p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for every variant, after its own")
     add_analysis_options(p, "OUT/es_signal.md and .json")
@@ -107,6 +115,17 @@ def measure_variant(config, policy, repeats: int, directions: int, progress: boo
             "seconds": time.perf_counter() - t0, "sigma": e.sigma}
 
 
+def signal_resolution(row: dict) -> dict:
+    """The signal's standard error under near-isotropic noise in the searched dimensions, whether the signal
+    is resolved (above 1.645 of them), and the one-sided 95% lower bound on nsr (see the module doc)."""
+    trace = row["trace_per_dim"] * row["numel"]
+    r, dim = row["repeats"], row["dimension"]
+    se = trace * math.sqrt(2.0 / (dim * r * (r - 1)))
+    signal = max(row["signal_sq"], 0.0)
+    return {"signal_se": se, "resolved": signal > 1.645 * se,
+            "nsr_lower": trace / (signal + 1.645 * se) if se > 0 else math.inf}
+
+
 def report(rows: dict[str, dict], h_star: int, repeats: int, argv: list[str]) -> str:
     from esopt.experiments.es_variants import VARIANTS
 
@@ -115,14 +134,21 @@ def report(rows: dict[str, dict], h_star: int, repeats: int, argv: list[str]) ->
 
     lines = ["# ES update direction: noise-to-signal against the searched dimension", "",
              f"H*={h_star}, R={repeats} generations per variant from the unchanged model; nsr = trace(Cov u) / "
-             f"|E u|^2 (scale-free); 'not resolved': the signal is below the noise / R, so nsr > ~{repeats}. "
-             f"CPU: {cpu_model()}.", "",
-             "| variant | what | G x E | sigma | D | nsr | episodes for signal = noise | pairs differ"
+             "|E u|^2 (scale-free). 'not resolved': the signal estimate is within 1.645 standard errors of zero; "
+             "the nsr column then gives the one-sided 95% lower bound (> x), and episodes for signal = noise "
+             f"likewise (nsr x G x E). CPU: {cpu_model()}.", "",
+             "| variant | what | G x E | sigma | D | trace/D | nsr | episodes for signal = noise | pairs differ"
              " | score std | s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
+        res = signal_resolution(r)
+        episodes = r["population"] * r["tasks_per_member"]
+        if res["resolved"]:
+            nsr, need = g(r["nsr"]), g(r["nsr"] * episodes)
+        else:
+            nsr, need = f"> {res['nsr_lower']:.2g} (not resolved)", f"> {res['nsr_lower'] * episodes:.2g}"
         lines.append(f"| {name} | {VARIANTS[name].what} | {r['population']} x {r['tasks_per_member']} | "
-                     f"{r['sigma']:.3g} | {r['dimension']:.3g} | {g(r['nsr'])} | {g(r['episodes_for_signal'])} | "
+                     f"{r['sigma']:.3g} | {r['dimension']:.3g} | {r['trace_per_dim']:.3g} | {nsr} | {need} | "
                      f"{r['pair_disagreement']:.2f} | {r['score_std']:.3f} | {r['seconds']:.0f} |")
     lines += ["", f"Command: `esopt analyze es-signal {' '.join(argv)}`", ""]
     return "\n".join(lines)
@@ -152,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         if path.exists() and (old := json.loads(path.read_text()))["key"] == key:
             rows[name] = old["row"]
             continue
+        if args.report_only:
+            continue
         if policy is None:  # every variant measures the same fixed model
             policy = load_model(config.model, config.env.kwargs)
         if not args.quiet:
@@ -159,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         row = measure_variant(config, policy, args.repeats, args.directions, progress=not args.quiet)
         rows[name] = {**row, "population": config.es.population_size, "tasks_per_member": config.es.tasks_per_member}
         write_json_atomic(path, {"key": key, "row": rows[name]})
+    if not rows:
+        raise ValueError(f"no saved variant under {saved} matches these options")
     write_report(args.out, "es_signal", report(rows, args.h_star, args.repeats, argv),
                  {"rows": rows, "h_star": args.h_star, "repeats": args.repeats, "cpu": cpu_model()})
     return 0

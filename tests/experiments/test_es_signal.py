@@ -2,6 +2,8 @@
 antithetic pairs and identity shaping, u = 1/G sum_i f_i eps_i has E u = sigma a and
 trace Cov(u) = sigma^2 (D + 1) |a|^2 / (G/2), so nsr = 2 (D + 1) / G."""
 
+import math
+
 import pytest
 import torch
 
@@ -51,3 +53,29 @@ def test_smoke_run_writes_its_table_and_reuses_finished_variants(tmp_path, capsy
 def test_unknown_variant_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="unknown variant"):
         main(["--smoke", "--variants", "nope", "--out", str(tmp_path)])
+
+
+def test_the_signal_standard_error_matches_its_spread_under_pure_isotropic_noise():
+    """No signal, Gaussian noise in D dimensions: the signal estimates of independent R-sets spread as
+    signal_resolution's standard error says, and about 5% of them count as resolved (one-sided 95%)."""
+    from esopt.experiments.es_signal import signal_resolution
+    from esopt.experiments.variance import ProjectionStats
+
+    dim, r, sets = 500, 8, 300
+    g = torch.Generator().manual_seed(0)
+    signals, resolved, ses = [], 0, []
+    for _ in range(sets):
+        stats = ProjectionStats(dim, directions=2, seed=0)
+        for _ in range(r):
+            stats.add(torch.randn(dim, generator=g, dtype=torch.float64))
+        row = stats.result()
+        trace_sq = (sum(row["sq_norms"]) - r * row["mean_sq_norm"]) / (r - 1)
+        signals.append(row["mean_sq_norm"] - trace_sq / r)  # unclipped
+        row.update(numel=dim, dimension=dim)
+        res = signal_resolution(row)
+        ses.append(res["signal_se"])
+        resolved += res["resolved"]
+    spread = float(torch.tensor(signals).std())
+    se = float(torch.tensor(ses).mean())
+    assert 0.85 * se < spread < 1.15 * se, (spread, se)
+    assert resolved / sets < 0.1 and math.isfinite(se)
