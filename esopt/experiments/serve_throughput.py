@@ -6,10 +6,10 @@ the clients are the official `openai` package's `AsyncOpenAI` on this process's 
 level sends `--requests` chat requests (greedy, distinct prompts, `--max-tokens` each, streamed with
 `stream_options.include_usage` unless `--no-stream`) from `--clients` closed-loop clients: a client sends
 its next request when its last reply is complete. Tokens/s counts completion tokens from the replies'
-usage. "first token" is the time from sending a request to its first chunk with text (streamed only: a
-JSON reply's first token comes with its last). "rows/call" is the mean number of rows of the server's
-batched `generate` calls: how much the batcher grouped. Clients and server share one Python process (and its GIL), so the client side costs the
-server some CPU; a remote client would see slightly more.
+usage. "first token" is the time from sending a request to its first chunk with text (streamed only: a JSON
+reply's first token comes with its last). "rows/call" is the mean number of rows of the server's batched
+`generate` calls: how much the batcher grouped. Clients and server share one Python process (and its GIL), so
+the client side costs the server some CPU; a remote client would see slightly more.
 
     python -m esopt.experiments.serve_throughput --model tiny
     python -m esopt.experiments.serve_throughput --model smollm2 --max-tokens 32 --requests 64
