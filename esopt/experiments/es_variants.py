@@ -38,6 +38,9 @@ class Variant:
     what: str
     overrides: list[str] = field(default_factory=list)  # on top of BASELINE
     population: int = 8  # G; E = episodes per step / G
+    # G beyond the baseline's 32 episodes per generation: E=1 and fewer generations, the same episodes in all
+    # (generations = baseline generations x 32 / G)
+    wide: bool = False
 
 
 def _scoped(pattern: str, sigma: float) -> list[str]:
@@ -51,6 +54,9 @@ VARIANTS: dict[str, Variant] = {
     "baseline": Variant("dense noise on all parameters, z-score, antithetic pairs, SGD (the horizon tables' ES)"),
     "G16xE2": Variant("G=16 x E=2", population=16),
     "G32xE1": Variant("G=32 x E=1", population=32),
+    "G64xE1": Variant("G=64 x E=1, 4 generations (the same 256 episodes)", population=64, wide=True),
+    "G128xE1": Variant("G=128 x E=1, 2 generations (the same 256 episodes)", population=128, wide=True),
+    "alpha-x2": Variant("alpha 4e-3 at the baseline's sigma", ["es.alpha=4e-3"]),
     # scoped sigmas: where `esopt analyze sensitivity` found the most antithetic pairs differing (H*=1,
     # results/es_efficiency.md); at the dense 4e-3 attention-, MLP- and last-4-only noise changes no completion
     "attention": Variant("noise on attention matrices only", _scoped(r"self_attn", 1.6e-2)),
@@ -101,8 +107,15 @@ def variant_plans(args: argparse.Namespace) -> dict:
     plans = {}
     for name in names:
         v = VARIANTS[name]
-        population = min(v.population, base.episodes_per_step)
-        plan = replace(base, population=population,
+        shape = {"population": min(v.population, base.episodes_per_step)}
+        if v.wide:
+            episodes = base.steps * base.episodes_per_step
+            if episodes % v.population or episodes < v.population:
+                raise ValueError(f"{name}: {episodes} episodes in all do not split into generations of "
+                                 f"{v.population}")
+            shape = {"population": v.population, "episodes_per_step": v.population,
+                     "steps": episodes // v.population, "group_size": 1}
+        plan = replace(base, **shape,
                        overrides=[*base.overrides, *COMMON, *BASELINE, *v.overrides, *args.overrides])
         plan.check()
         plans[name] = plan

@@ -74,3 +74,32 @@ def test_es_variants_smoke_reports_each_variant_against_base_and_baseline(tmp_pa
     assert len(rows) == 1 and rows[0].count("[") == 2  # an interval against the base and one against baseline
     with pytest.raises(ValueError, match="unknown variant"):
         variants_main(["--smoke", "--only", "nope", "--out", str(out)])
+
+
+def test_wide_population_variants_keep_the_episode_budget_in_fewer_generations():
+    """G beyond one generation's 32 episodes: E=1 and fewer generations, the same episodes in all, and the
+    smollm2 plan's other settings unchanged; a G that cannot split the budget is a clear error."""
+    import argparse
+    from dataclasses import replace
+
+    from esopt.experiments import es_variants
+    from esopt.experiments.horizon import run_config
+
+    def plans(*names):
+        args = argparse.Namespace(only=list(names), h_stars=[1], seeds=[0], eval_tasks=256, smoke=False,
+                                  overrides=[])
+        return es_variants.variant_plans(args)
+
+    shapes = {}
+    for name, plan in plans("baseline", "G32xE1", "G64xE1", "G128xE1").items():
+        c = run_config(plan, "es", 1, 0)
+        shapes[name] = (c.steps, c.es.population_size, c.es.tasks_per_member)
+        assert c.eval.split == "validation" and c.es.sigma == 4e-3
+    assert shapes == {"baseline": (8, 8, 4), "G32xE1": (8, 32, 1), "G64xE1": (4, 64, 1), "G128xE1": (2, 128, 1)}
+    bad = replace(es_variants.VARIANTS["G64xE1"], population=96)
+    es_variants.VARIANTS["G96-test"] = bad
+    try:
+        with pytest.raises(ValueError, match="do not split"):
+            plans("G96-test")
+    finally:
+        del es_variants.VARIANTS["G96-test"]
