@@ -311,4 +311,3 @@ class _StepCriteria(StoppingCriteria):
             if end and self.ended_at[row] > self.steps:
                 self.ended_at[row] = self.steps
         return torch.tensor(list(ends), dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
-

@@ -112,9 +112,13 @@ class StreamedReply:
     def answer_chunks(self, choices: list[Choice]) -> Iterator[str]:
         for i, ch in enumerate(choices):
             yield from self.choice_chunks(i, ch)
+        yield self.closing(choices)
+
+    def closing(self, choices: list[Choice]) -> str:
+        """After every choice's finish chunk: the usage chunk (if asked for) and `[DONE]`."""
         if self.include_usage:
-            yield self.chunk([], usage(self.prompt_tokens, tokens_generated(choices)))
-        yield STREAM_END
+            return self.chunk([], usage(self.prompt_tokens, tokens_generated(choices))) + STREAM_END
+        return STREAM_END
 
     async def live_chunks(self, future: asyncio.Future, tokens: asyncio.Queue,
                           rows: list[LiveText]) -> AsyncIterator[str]:
@@ -136,15 +140,15 @@ class StreamedReply:
             if rest := row.finish(ch.completion.text):
                 out.append(self.text_chunk(i, rest))
             out.append(self.finish_chunk(i, ch))
-        if self.include_usage:
-            out.append(self.chunk([], usage(self.prompt_tokens, tokens_generated(choices))))
-        yield "".join(out) + STREAM_END
+        yield "".join(out) + self.closing(choices)
 
     def stream(self, batcher, prompts: list[str], sampling, seed: int | None, n: int, logprobs: bool,
                opening: str = ""):
         """Enqueue the request and answer with its event stream: live where the engine streams and no
         log-probs are asked for (they come with the finished answer), else from the finished answer."""
-        tokens = asyncio.Queue() if batcher.streams and not logprobs else None
+        if not batcher.streams or logprobs:
+            return self.response(batcher.enqueue(prompts, sampling, seed, n, logprobs), opening)
+        tokens: asyncio.Queue = asyncio.Queue()
         future = batcher.enqueue(prompts, sampling, seed, n, logprobs, tokens=tokens)
         rows = [LiveText(batcher.decode, batcher.eos_ids, sampling.max_new_tokens, sampling.stop)
                 for _ in range(len(prompts) * n)]

@@ -3,10 +3,9 @@ through both decode paths (transformers' generate, and the shared-prefix loop), 
 tokens."""
 
 import pytest
-import torch
 
 from esopt.engines.base import SamplingParams
-from esopt.models import load_policy
+from tests.policies import SlowForward, distinct_tiny_policy
 
 SHARED = "1 2 3 4 | " * 4  # 40 tokens in common: over the engine's 32, so the prefix path decodes them
 PROMPTS = [SHARED + "5 6", SHARED + "7 8 9", SHARED + "2"]
@@ -14,20 +13,8 @@ PROMPTS = [SHARED + "5 6", SHARED + "7 8 9", SHARED + "2"]
 
 @pytest.fixture(scope="module")
 def policy():
-    policy = load_policy("tiny")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.15, generator=g)
-    eos = policy.tokenizer.eos_token_id
-
-    def no_eos(module, args, output):  # every row runs to max_new_tokens
-        output.logits[..., eos] = -1e9
-        return output
-
-    policy.model.register_forward_hook(no_eos)
-    policy.weights_changed()
+    policy = distinct_tiny_policy()
+    SlowForward(policy)  # no delay, never EOS: every row runs to max_new_tokens
     return policy
 
 

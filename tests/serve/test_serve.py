@@ -16,7 +16,6 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -34,19 +33,7 @@ from esopt.serve import (  # noqa: E402
     start_in_thread,
     text_pieces,
 )
-
-
-def distinct_tiny_policy():
-    from esopt.models import load_policy
-
-    policy = load_policy("tiny")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.15, generator=g)
-    policy.weights_changed()
-    return policy
+from tests.policies import SlowForward, distinct_tiny_policy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -147,21 +134,6 @@ def test_streamed_completions_equal_the_non_streamed_ones(client):
             texts[ch.index] = texts.get(ch.index, "") + ch.text
     assert texts == {ch.index: ch.text for ch in plain.choices}
     assert plain.choices[0].text.startswith("1 2 3") and plain.choices[2].text.startswith("abc")  # echo
-
-
-class SlowForward:
-    """A forward hook on the served model: every forward sleeps `delay` seconds and counts itself, and EOS is
-    never chosen, so a request runs to its max_tokens at a known pace."""
-
-    def __init__(self, policy, delay: float):
-        self.delay, self.calls, self.eos = delay, 0, policy.tokenizer.eos_token_id
-        self.handle = policy.model.register_forward_hook(self)
-
-    def __call__(self, module, args, output):
-        self.calls += 1
-        time.sleep(self.delay)
-        output.logits[..., self.eos] = -1e9
-        return output
 
 
 @pytest.fixture
