@@ -87,7 +87,7 @@ def test_filter_logits_matches_transformers_warpers():
         if p < 1:
             ref = TopPLogitsWarper(p)(None, ref)
         assert torch.equal(torch.isinf(ours), torch.isinf(ref))
-        assert torch.allclose(ours[~torch.isinf(ours)], ref[~torch.isinf(ref)])
+        assert torch.equal(ours[~torch.isinf(ours)], ref[~torch.isinf(ref)])  # one division by t, masks only
 
 
 def test_prefix_kv_is_kept_across_calls_only_inside_a_rollout_scope(prompts_and_policy):

@@ -110,10 +110,13 @@ def test_exact_restore_is_bit_exact(dtype):
 
 
 def test_subtract_drift_is_measured():
-    fp32 = measure_restore_drift(small_net(), ESConfig(restore="subtract", sigma=1e-2), cycles=20)
+    net = small_net()
+    # each cycle adds sigma*eps and takes it away: two roundings of half an ulp at |theta| + 8 sigma at most
+    peak = max(float(p.abs().max()) for p in net.parameters()) + 8 * 1e-2
+    fp32 = measure_restore_drift(net, ESConfig(restore="subtract", sigma=1e-2), cycles=20)
     bf16 = measure_restore_drift(small_net(torch.bfloat16), ESConfig(restore="subtract", sigma=1e-2), cycles=20)
     exact = measure_restore_drift(small_net(torch.bfloat16), ESConfig(restore="exact", sigma=1e-2), cycles=20)
-    assert 0 < fp32["max_abs"] < 1e-5
+    assert 0 < fp32["max_abs"] <= float(ulps(torch.tensor(peak), 20))
     assert bf16["max_abs"] > 10 * fp32["max_abs"] and bf16["frac_changed"] > 0.01
     assert exact == {"max_abs": 0.0, "mean_abs": 0.0, "frac_changed": 0.0}
 

@@ -30,15 +30,20 @@ def traj(score: float, turns: list[tuple[list[int], list[int]]]) -> Trajectory:
     return t
 
 
+# group_advantages divides by std + 1e-8 (fp64): a z-score z moves by about z * 1e-8 / std (|z| <= 3, std >= 0.1
+# in these groups); fp64 rounding is far below that
+EPS_SHIFT = 2 * 3 * 1e-8 / 0.1
+
+
 def test_group_zscore_by_hand():
     scores = [1.0, 0.0, 1.0, 0.0, 0.1, 0.1, 0.1, 0.1, 3.0, 0.0, 0.0, 0.0]
     adv = group_advantages(scores, 4)
     # group 1: mean 0.5, std (ddof 0) 0.5 -> +-1
-    assert adv[:4] == pytest.approx([1, -1, 1, -1], abs=1e-6)
+    assert adv[:4] == pytest.approx([1, -1, 1, -1], abs=EPS_SHIFT)
     # group 2: all equal (0.1 does not average exactly in floats) -> exactly 0, never NaN or a rounding blow-up
     assert (adv[4:8] == 0).all()
     # group 3: mean 0.75, std sqrt(mean([2.25^2, 0.75^2 x3])) = sqrt(1.6875)
-    assert adv[8:] == pytest.approx(np.array([2.25, -0.75, -0.75, -0.75]) / np.sqrt(1.6875), abs=1e-6)
+    assert adv[8:] == pytest.approx(np.array([2.25, -0.75, -0.75, -0.75]) / np.sqrt(1.6875), abs=EPS_SHIFT)
     assert group_advantages([0.0, 0.0], 2).tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="groups of 4"):
         group_advantages([1.0, 2.0, 3.0], 4)
@@ -50,9 +55,9 @@ def test_advantage_broadcast_to_every_turn_and_mask_exactly_generated():
              traj(0.5, [([1, 2], [3])]),  # group 2: env scores 0.5, 0.7 -> -1, +1
              traj(0.7, [([1, 2], [4])])]
     samples, adv = grpo_samples(trajs, group_size=2, reward="env")
-    assert adv == pytest.approx([1, -1, -1, 1], abs=1e-6)
+    assert adv == pytest.approx([1, -1, -1, 1], abs=EPS_SHIFT)
     assert [(s.traj, s.turn) for s in samples] == [(0, 0), (0, 1), (1, 0), (1, 2), (2, 0), (3, 0)]  # empty dropped
-    assert [s.advantage for s in samples] == pytest.approx([1, 1, -1, -1, -1, 1], abs=1e-6)
+    assert [s.advantage for s in samples] == pytest.approx([1, 1, -1, -1, -1, 1], abs=EPS_SHIFT)
     b = collate(samples, pad_id=0)
     targets = b.input_ids[:, 1:]
     assert [targets[i][b.mask[i].bool()].tolist() for i in range(len(samples))] == \
@@ -60,7 +65,7 @@ def test_advantage_broadcast_to_every_turn_and_mask_exactly_generated():
     assert b.mask.sum().item() == sum(len(s.token_ids) for s in samples)
     # success-based scores ignore the env reward: group 2 both succeeded -> zero advantage
     _, adv_s = grpo_samples(trajs, group_size=2, reward="success")
-    assert adv_s == pytest.approx([1, -1, 0, 0], abs=1e-6)
+    assert adv_s == pytest.approx([1, -1, 0, 0], abs=EPS_SHIFT)
 
 
 def test_task_seeds_form_contiguous_groups():
