@@ -111,6 +111,8 @@ class BaseTrainConfig(Section):
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     measure_inference_peak: bool = Field(True, description="probe inference-only peak memory for the ratio")
+    log_every: int = Field(1, ge=1, description="print the step's log line every k steps (metrics: every step)")
+    tensorboard: bool = Field(True, description="also log metrics to TensorBoard (tb/ in the run dir)")
 
     def with_resolved_dtype(self):
         """This config with model.dtype as "auto" resolves here, which a run dir records: auto is bf16 or fp32 by

@@ -125,7 +125,8 @@ def train(config: BaseTrainConfig, out: str | Path, setup: Setup, resume: bool =
             if evals.held_out_due(done):
                 line += f" | eval success {evals.held_out_at(done)['success_rate']:.3f}"
             line += f"{curve} | {row['seconds']:.1f}s | peak {fmt_bytes(row['peak_memory_bytes'])}"
-            say(line, progress)
+            if done % config.log_every == 0 or done == config.steps or evals.held_out_due(done):
+                say(line, progress)
             if bar:
                 bar.update(1)
     except KeyboardInterrupt:

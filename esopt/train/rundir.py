@@ -26,6 +26,7 @@ class RunDir:
         self.checkpoints = self.root / "checkpoints"
         self.plots = self.root / "plots"
         self._tb = None
+        self.tensorboard = True
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -36,6 +37,7 @@ class RunDir:
 
     def write_config(self, config: BaseTrainConfig) -> None:
         dump_config(config.with_resolved_dtype(), self.config_path)
+        self.tensorboard = config.tensorboard
 
     @property
     def tb(self):
@@ -49,6 +51,8 @@ class RunDir:
         row = {"step": step, "kind": kind, "time": time.time(), **values}
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+        if not self.tensorboard:
+            return
         for k, v in values.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 self.tb.add_scalar(f"{kind}/{k}", v, step)
