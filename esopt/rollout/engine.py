@@ -48,14 +48,21 @@ class _Episode:
         self.trajectory = Trajectory(task_seed=task_seed)
         self.done = False
         self.generated_tokens = 0
-        obs, _ = env.reset(seed=task_seed)
+        obs, info = env.reset(seed=task_seed)
         self.obs = str(obs)
-        self.history: list[Message] = markov_messages(system_prompt, self.obs, examples)
+        # an env may give its whole opening itself (a dataset row's prompt): raw text to continue as it is, or the
+        # chat messages; the system prompt and worked examples then come from it, not from the env's instructions
+        opening = info.get("prompt") if isinstance(info, dict) else None
+        self.raw_opening = opening if isinstance(opening, str) else None
+        self.opening = [dict(m) for m in opening] if isinstance(opening, list) else None
+        self.history: list[Message] = self.opening or markov_messages(system_prompt, self.obs, examples)
         self.first_turn = len(self.history) - 1  # index of the episode's first observation
 
     def messages(self) -> list[Message]:
         if self.conversation == "history":
             return self.history
+        if self.opening is not None and self.trajectory.num_turns == 0:
+            return self.opening
         return markov_messages(self.system_prompt, self.obs, self.examples)
 
     def drop_oldest_exchange(self) -> bool:
@@ -67,6 +74,8 @@ class _Episode:
         return True
 
     def prompt(self, policy: Engine, max_prompt_tokens: int | None) -> str:
+        if self.raw_opening is not None and self.trajectory.num_turns == 0:
+            return self.raw_opening
         prompt = policy.build_prompt(self.messages())
         if max_prompt_tokens is None or self.conversation != "history":
             return prompt

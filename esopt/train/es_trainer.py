@@ -1,0 +1,219 @@
+"""`ESTrainer`: ES fine-tuning with TRL's `GRPOTrainer` calling convention, for people who use TRL.
+
+    from esopt import ESConfig, ESTrainer
+    trainer = ESTrainer(model="smollm2", reward_funcs=[accuracy], train_dataset=ds,
+                        args=ESConfig(output_dir="out", max_steps=50, population_size=16))
+    trainer.train()
+
+Swap `trl.GRPOTrainer`/`GRPOConfig` for these and the script runs ES: the reward functions, the dataset and the
+names of the settings they share (learning_rate, max_completion_length, temperature, top_p, top_k, max_steps,
+logging_steps, save_steps, output_dir, seed, reward_weights, report_to) mean the same thing. What differs is
+what ES needs (population_size, sigma and its schedule, noise, batched) and what it does not (no backward pass,
+no optimizer state, no reference model: one generation is G perturbed members, each scored on the same prompts).
+A GRPOConfig name with no ES meaning (num_generations, beta, ...) is refused with what to use instead.
+
+Reward functions are called as TRL calls them, `f(prompts=[p], completions=[c], **columns)`, one completion per
+call; TRL's extra keywords `completion_ids`, `trainer_state`, `log_extra` and `log_metric` are not passed, so
+write them with `**kwargs` (as TRL's docs advise).
+
+Under it is the same ES and the same run dir as `esopt train`: `history.jsonl` (the ledger: the weights rebuild
+exactly from the base model and it), checkpoints loadable with `AutoModelForCausalLM.from_pretrained`,
+`metrics.jsonl`, TensorBoard logs (`tb/`). The dataset and the reward functions are Python objects, so the env
+they make is registered in this process only (`esopt-local/...`): resume a run with
+`ESTrainer(...same arguments...).train(resume_from_checkpoint=True)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from esopt.envs.dataset import PromptDatasetEnv, RewardFunc, check_rows
+from esopt.train.config import BaseTrainConfig, ConfigError, ESTrainConfig, _one_line, build_config
+from esopt.train.tasks import heldout_task_seeds
+
+_ENV_IDS = itertools.count()
+
+
+# GRPOConfig settings with no ES meaning, and what to use instead
+GRPO_ONLY = {
+    "num_generations": "ES scores population_size perturbed members, each on the same prompts_per_member prompts",
+    "per_device_train_batch_size": "one generation rolls out population_size x prompts_per_member completions",
+    "gradient_accumulation_steps": "ES takes no gradient; a bigger population_size averages more members",
+    "beta": "ES has no KL term and no reference model",
+    "epsilon": "ES has no importance ratio to clip",
+    "num_iterations": "each generation's completions are used once, by the update they score",
+    "loss_type": "ES has no loss; shaping sets how rewards weigh the members' noise",
+    "scale_rewards": "rewards are shaped across the population (shaping: zscore, centered_rank, identity)",
+    "use_vllm": "ES generates with esopt's engines (batched=True rolls out all members in one batch)",
+    "gradient_checkpointing": "ES runs no backward pass",
+}
+
+
+class ESConfig(BaseModel):
+    """The trainer's arguments: GRPOConfig's names where they mean the same, ES's own after them. (The strategy's
+    own validated settings are `esopt.es.ESConfig`; this builds them.)"""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- shared with GRPOConfig ----------------------------------------------------------------------------
+    output_dir: str = Field("trainer_output", description="the run dir (ledger, checkpoints, metrics, tb/)")
+    learning_rate: float = Field(5e-4, ge=0, description="ES step size alpha: theta += alpha/G sum_i z_i eps_i")
+    max_steps: int = Field(100, ge=1, description="generations (one update each)")
+    max_completion_length: int = Field(256, ge=1, description="new tokens per completion")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of rollouts and evals (0: greedy)")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0: no top-k filter")
+    logging_steps: int = Field(1, ge=1, description="print a log line every k generations")
+    save_steps: int = Field(10, ge=1, description="checkpoint every k generations (and at the end)")
+    save_total_limit: int = Field(2, ge=1, description="checkpoints kept")
+    eval_steps: int = Field(0, ge=0, description="evaluate on eval_dataset every k generations (0: before and after)")
+    seed: int = 0
+    reward_weights: list[float] | None = Field(None, description="one weight per reward function (default 1 each)")
+    report_to: Literal["tensorboard", "none"] | list[Literal["tensorboard"]] = Field(
+        "tensorboard", description="tensorboard: tb/ in the run dir; none: metrics.jsonl only (always written)")
+    bf16: bool = Field(False, description="bfloat16 weights (pays only on hardware with native bf16)")
+    # --- ES's own ------------------------------------------------------------------------------------------
+    population_size: int = Field(16, ge=2, description="G: perturbed members per generation")
+    prompts_per_member: int = Field(8, ge=1, description="E: every member completes the same E prompts")
+    sigma: float = Field(4e-3, gt=0, description="noise scale at generation 0")
+    sigma_min: float = Field(2e-3, ge=0, description="sigma's floor at the end of the cosine schedule")
+    sigma_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    antithetic: bool = Field(True, description="members in mirrored pairs (+eps, -eps)")
+    noise: str = Field("normal", description="normal (dense Gaussian), lowrank (EGGROLL), subspace (LoRA-shaped)")
+    noise_rank: int = Field(1, ge=1, description="lowrank, subspace: rank of each member's noise")
+    batched: bool = Field(False, description="all members' completions in one batch (lowrank noise)")
+    shaping: Literal["zscore", "centered_rank", "identity"] = "zscore"
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    success_threshold: float = Field(1.0, description="a completion whose reward reaches this counts as solved")
+    max_eval_samples: int | None = Field(None, ge=1, description="eval on the first k eval rows (default: all)")
+    max_batch_size: int | None = Field(None, ge=1, description="cap on completions per generate call")
+    device: str = Field("cpu", description="cpu, auto, cuda, cuda:N")
+
+    def __init__(self, **data: Any) -> None:
+        for name, hint in GRPO_ONLY.items():
+            if name in data:
+                raise ConfigError(f"ESConfig: {name} is GRPOConfig's, not ES's: {hint}")
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise ConfigError(_one_line(e).replace("config error:", "ESConfig:", 1)) from None
+
+    @model_validator(mode="after")
+    def _pairs(self) -> ESConfig:
+        if self.antithetic and self.population_size % 2:
+            raise ValueError(f"population_size {self.population_size} must be even with antithetic pairs")
+        return self
+
+
+def _row_dicts(dataset: Any, what: str) -> list[dict[str, Any]]:
+    """A `datasets.Dataset` (or any sequence of dicts) as a list of row dicts."""
+    if dataset is None:
+        raise ValueError(f"{what} is required")
+    try:
+        rows = [dict(r) for r in dataset]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a datasets.Dataset or a sequence of dicts, got "
+                         f"{type(dataset).__name__}") from None
+    check_rows(rows, what)
+    return rows
+
+
+def _model_name(model: Any, tokenizer: Any, out: Path) -> str:
+    """The run's base model as `model.name` takes it: a name or a path as given; a model object is saved once
+    under the run dir with its tokenizer (its weights are what the ledger replays from)."""
+    if isinstance(model, (str, Path)):
+        return str(model)
+    if not hasattr(model, "save_pretrained"):
+        raise ValueError(f"model must be a model name, a local directory or a transformers model, got "
+                         f"{type(model).__name__}")
+    if tokenizer is None:
+        raise ValueError("a model object needs its tokenizer: ESTrainer(model, ..., processing_class=tokenizer)")
+    path = out / "base_model"
+    if not (path / "config.json").exists():
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def dataset_config(data: dict[str, Any], train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]],
+                   reward_funcs: Sequence[RewardFunc], reward_weights: Sequence[float] | None = None,
+                   success_threshold: float = 1.0) -> BaseTrainConfig:
+    """A validated training config of any algorithm (`data`, without `env`) whose env is one turn over these
+    dataset rows scored by these reward functions, registered in this process (`esopt-local/...`). Without eval
+    rows, evals run on 8 training rows (a smoke signal, not a held-out number)."""
+    env_id = f"esopt-local/PromptDataset-{next(_ENV_IDS)}-v0"
+    evals = {"tasks": len(eval_rows) or min(8, len(train_rows)), "split": "test", "base_cache": None}
+    config = build_config({**data, "env": {"id": env_id, "kwargs": {}, "few_shot": 0},
+                           "eval": {**data.get("eval", {}), **evals}})
+    # each eval seed names one eval row, so an eval visits every row once
+    heldout = {s: i for i, s in enumerate(heldout_task_seeds(config))} if eval_rows else {}
+
+    def make(**_: Any) -> PromptDatasetEnv:
+        return PromptDatasetEnv(train_rows, reward_funcs, reward_weights, eval_rows, heldout, success_threshold)
+
+    gymnasium.register(env_id, entry_point=make)
+    return config
+
+
+class ESTrainer:
+    """ES over a prompt dataset and reward functions; `train()` runs it and returns the run's summary."""
+
+    def __init__(self, model: Any, reward_funcs: RewardFunc | Sequence[RewardFunc], train_dataset: Any,
+                 eval_dataset: Any = None, args: ESConfig | None = None, processing_class: Any = None) -> None:
+        self.args = args or ESConfig()
+        funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+        if not funcs or not all(callable(f) for f in funcs):
+            raise ValueError("reward_funcs must be a callable or a list of callables (TRL's reward function "
+                             "signature: f(prompts, completions, **columns) -> list[float | None])")
+        if self.args.reward_weights is not None and len(self.args.reward_weights) != len(funcs):
+            raise ValueError(f"{len(self.args.reward_weights)} reward_weights for {len(funcs)} reward functions")
+        self.reward_funcs = funcs
+        self.train_rows = _row_dicts(train_dataset, "train_dataset")
+        self.eval_rows = _row_dicts(eval_dataset, "eval_dataset") if eval_dataset is not None else []
+        if self.args.max_eval_samples:
+            self.eval_rows = self.eval_rows[: self.args.max_eval_samples]
+        self.output_dir = Path(self.args.output_dir)
+        self.config = self._config(_model_name(model, processing_class, self.output_dir))
+
+    def _config(self, model_name: str) -> ESTrainConfig:
+        a = self.args
+        data = {
+            "algo": "es", "seed": a.seed, "steps": a.max_steps, "checkpoint_every": a.save_steps,
+            "keep_checkpoints": a.save_total_limit, "max_batch_size": a.max_batch_size,
+            "measure_inference_peak": False, "log_every": a.logging_steps, "tensorboard": a.report_to != "none",
+            "model": {"name": model_name, "dtype": "bfloat16" if a.bf16 else "float32", "device": a.device},
+            "sampling": {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
+                         "max_new_tokens": a.max_completion_length},
+            "eval": {"every": a.eval_steps},
+            "es": {"population_size": a.population_size, "antithetic": a.antithetic, "sigma": a.sigma,
+                   "sigma_min": a.sigma_min, "sigma_schedule": a.sigma_schedule, "alpha": a.learning_rate,
+                   "shaping": a.shaping, "optimizer": a.optimizer, "noise": a.noise, "noise_rank": a.noise_rank,
+                   "batched": a.batched, "tasks_per_member": a.prompts_per_member, "reward": "env"},
+        }
+        try:
+            config = dataset_config(data, self.train_rows, self.eval_rows, self.reward_funcs, a.reward_weights,
+                                    a.success_threshold)
+        except ConfigError as e:
+            raise ConfigError(f"ESConfig: {e}") from None
+        assert isinstance(config, ESTrainConfig)
+        return config
+
+    def train(self, resume_from_checkpoint: bool = False, progress: bool = True) -> dict:
+        """Run (or, with resume_from_checkpoint, continue) the run in `args.output_dir`; returns its summary."""
+        from esopt.train.es import train
+        from esopt.train.rundir import RunDir
+
+        resume = bool(resume_from_checkpoint)
+        if not resume and RunDir(self.output_dir, create=False).holds_run():
+            raise FileExistsError(f"{self.output_dir} already holds a run: train(resume_from_checkpoint=True) "
+                                  "continues it, or choose another output_dir")
+        return train(self.config, self.output_dir, resume=resume, progress=progress)
+
+
+__all__ = ["ESConfig", "ESTrainer"]

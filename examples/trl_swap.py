@@ -1,0 +1,275 @@
+"""One script, two trainers: TRL's `GRPOTrainer` and esopt's `ESTrainer` (and esopt's own GRPO), on the same
+model, dataset, reward functions and budget.
+
+    python examples/trl_swap.py --smoke                             # tiny random model, 2 steps each: ~1 minute
+    python examples/trl_swap.py --model smollm2 --steps 30 --out runs/trl_swap   # the side-by-side (CPU: hours)
+
+The swap itself is the two `make_trainer` branches below: the same `reward_funcs`, `train_dataset` and shared
+settings, `GRPOConfig` -> `ESConfig`, `GRPOTrainer` -> `ESTrainer`.
+
+Task: reasoning-gym's `basic_arithmetic` (offline, seeded; train and test rows from disjoint seeds), as chat
+prompts. Rewards (TRL's signature): `correct` (1 if the first number of the reply equals the answer) and
+`answers_with_a_number` (0.1 if the reply starts with a number; None otherwise, so it abstains).
+Budget per step: GRPO `--prompts` prompts x `--group` completions; ES `--population` members x `--prompts`
+prompts, with `--budget flops` (default) x5 members for the same estimated model FLOPs (ES's forward-only 2 FLOPs
+per token and parameter against GRPO's 2 + 6 + 2; Table 2 of the method), or the same completions with
+`--budget episodes`.
+
+Each trainer runs in a fresh process (its own peak RSS, VmHWM), then every model, the base included, is scored
+the same way: greedy, on the same test rows, paired with the base (bootstrap 95% over rows, McNemar).
+Writes OUT/trl_side_by_side.md and OUT/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TRAINERS = ("trl-grpo", "es", "esopt-grpo")
+SYSTEM = "Answer with the number only."
+NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
+
+
+# --- the task: dataset and reward functions (TRL's signature) ---------------------------------------------
+
+def arithmetic_rows(n: int, seed: int) -> list[dict]:
+    import reasoning_gym
+
+    data = reasoning_gym.create_dataset("basic_arithmetic", size=n, seed=seed, min_terms=2, max_terms=2,
+                                        min_digits=1, max_digits=2)
+    return [{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": str(x["question"])}],
+             "answer": str(x["answer"])} for x in data]
+
+
+def reply(completion) -> str:
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
+def correct(prompts, completions, answer, **kwargs) -> list[float]:
+    from esopt.envs.tools.answers import math_equal
+
+    out = []
+    for c, gold in zip(completions, answer):
+        m = NUMBER.match(reply(c))
+        out.append(float(bool(m) and math_equal(m.group(1), gold)))
+    return out
+
+
+def answers_with_a_number(prompts, completions, **kwargs) -> list[float | None]:
+    return [0.1 if NUMBER.match(reply(c)) else None for c in completions]
+
+
+REWARD_FUNCS = [correct, answers_with_a_number]
+
+
+# --- one trainer, in its own process ----------------------------------------------------------------------
+
+def make_trainer(name: str, a: argparse.Namespace, model_dir: str, train_ds, out: Path):
+    shared = dict(output_dir=str(out), learning_rate=a.lr if name != "es" else a.es_lr, max_steps=a.steps,
+                  max_completion_length=a.max_tokens, temperature=a.temperature, logging_steps=1, seed=a.seed)
+    if name == "trl-grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        args = GRPOConfig(**shared, num_generations=a.group, per_device_train_batch_size=a.prompts * a.group,
+                          beta=0.0, use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no",
+                          report_to="none", dataloader_num_workers=0)
+        return GRPOTrainer(model=model_dir, reward_funcs=REWARD_FUNCS, train_dataset=train_ds, args=args)
+    from esopt import ESConfig, ESTrainer
+
+    args = ESConfig(**shared, population_size=es_members(a), prompts_per_member=a.prompts, sigma=a.sigma,
+                    sigma_min=a.sigma / 2, save_steps=a.steps, report_to="none", success_threshold=1.0)
+    return ESTrainer(model=model_dir, reward_funcs=REWARD_FUNCS, train_dataset=train_ds, args=args)
+
+
+def es_members(a: argparse.Namespace) -> int:
+    """ES's population: x5 at matched FLOPs (2 per token and parameter vs GRPO's 2 + 6 + 2 at one epoch)."""
+    return a.population * (5 if a.budget == "flops" else 1)
+
+
+def esopt_grpo(a: argparse.Namespace, model_dir: str, train_rows: list[dict], out: Path) -> tuple[Path, float]:
+    """esopt's own GRPO on the same rows and reward functions (its env is the dataset, as ESTrainer's)."""
+    from esopt.train import trainer
+    from esopt.train.es_trainer import dataset_config
+
+    data = {"algo": "grpo", "seed": a.seed, "steps": a.steps, "checkpoint_every": a.steps,
+            "measure_inference_peak": False, "tensorboard": False,
+            "model": {"name": model_dir, "dtype": "float32"},
+            "sampling": {"temperature": a.temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": a.max_tokens},
+            "eval": {"every": 0},
+            "grpo": {"tasks_per_step": a.prompts, "group_size": a.group, "lr": a.lr, "kl_beta": 0.0, "epochs": 1,
+                     "minibatch_size": a.prompts * a.group, "micro_batch_size": min(16, a.prompts * a.group),
+                     "reward": "env"}}
+    summary = trainer("grpo")(dataset_config(data, train_rows, [], REWARD_FUNCS), out, progress=False)
+    return out / "final", summary["seconds_per_step"]
+
+
+def peak_rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def train_one(name: str, a: argparse.Namespace) -> None:
+    import torch
+    from datasets import Dataset
+
+    torch.set_num_threads(a.threads)
+    out = Path(a.out) / name
+    rows = arithmetic_rows(a.train_rows, seed=a.seed)
+    t = time.perf_counter()
+    # seconds per step: each trainer's own count of its training time (model loading and evals left out)
+    if name == "esopt-grpo":
+        final, per_step = esopt_grpo(a, a.model_dir, rows, out)
+    else:
+        trainer = make_trainer(name, a, a.model_dir, Dataset.from_list(rows), out)
+        if name == "trl-grpo":
+            per_step = trainer.train().metrics["train_runtime"] / a.steps
+            final = out / "final"
+            trainer.save_model(str(final))
+        else:
+            per_step = trainer.train(progress=False)["seconds_per_step"]
+            final = out / "final"
+    seconds = time.perf_counter() - t
+    result = {"trainer": name, "seconds": seconds, "seconds_per_step": per_step,
+              "peak_rss_bytes": peak_rss_bytes(), "final": str(final)}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+
+
+# --- the driver: base model, one process per trainer, the same eval for all -------------------------------
+
+def base_model_dir(a: argparse.Namespace) -> str:
+    """A local HF dir every trainer starts from: SmolLM2 (converted once) or the tiny model saved under OUT."""
+    if a.model == "smollm2":
+        from esopt.models.smollm2 import smollm2_path
+
+        return str(smollm2_path())
+    if a.model != "tiny":
+        return a.model
+    path = Path(a.out) / "base_model"
+    if not (path / "config.json").exists():
+        from esopt.models import load_policy
+
+        policy = load_policy("tiny", seed=a.seed)
+        policy.model.save_pretrained(path)
+        policy.tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def evaluate(model_dir: str, rows: list[dict], max_tokens: int) -> list[int]:
+    """Greedy success (correct == 1) on each test row."""
+    from esopt.engines.base import SamplingParams
+    from esopt.envs.dataset import PromptDatasetEnv
+    from esopt.models import load_policy
+    from esopt.rollout.engine import run_episodes
+
+    policy = load_policy(model_dir, dtype="float32")
+    trajectories, _ = run_episodes(policy, lambda: PromptDatasetEnv(rows, [correct]), list(range(len(rows))),
+                                   SamplingParams(temperature=0.0, max_new_tokens=max_tokens), seed=0)
+    return [int(t.success) for t in trajectories]
+
+
+def report(a: argparse.Namespace, results: dict, scores: dict) -> str:
+    from esopt.utils.stats import mcnemar_p, paired_difference
+
+    base = scores["base"]
+    n = len(base)
+    lines = [
+        "# TRL's GRPOTrainer vs esopt's ESTrainer (and esopt's GRPO), one script", "",
+        f"Command: `python examples/trl_swap.py {' '.join(a.argv)}`", "",
+        f"Model `{a.model}` (fp32); reasoning-gym basic_arithmetic, {a.train_rows} train rows, {n} test rows "
+        f"(other seeds; rows seen in training dropped); {a.steps} steps each; GRPO {a.prompts} prompts x "
+        f"{a.group} completions per step, lr {a.lr}, no KL; ES {es_members(a)} members x {a.prompts} prompts, "
+        f"sigma {a.sigma} -> {a.sigma / 2}, alpha {a.es_lr} (budget: {a.budget}); sampling T={a.temperature}, "
+        f"max {a.max_tokens} new tokens; test: greedy, success = `correct`. CPU: {cpu_name()}, {a.threads} "
+        "torch thread(s) per trainer.", "",
+        "| model | test success | vs base [95%] | McNemar p | s / step | peak RSS |",
+        "|---|---|---|---|---|---|",
+        f"| base | {sum(base) / n:.3f} | | | | |",
+    ]
+    for name in TRAINERS:
+        if name not in scores:
+            continue
+        d = paired_difference(base, scores[name], tasks=n)
+        r = results[name]
+        lines.append(f"| {name} | {sum(scores[name]) / n:.3f} | {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] | "
+                     f"{mcnemar_p(base, scores[name]):.3g} | {r['seconds_per_step']:.1f} | "
+                     f"{r['peak_rss_bytes'] / 2**20:.0f} MiB |")
+    if "trl-grpo" in scores and "esopt-grpo" in scores:
+        d = paired_difference(scores["trl-grpo"], scores["esopt-grpo"], tasks=n)
+        lines += ["", f"esopt's GRPO - TRL's GRPO: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] "
+                      f"(McNemar p {mcnemar_p(scores['trl-grpo'], scores['esopt-grpo']):.3g})."]
+    return "\n".join(lines) + "\n"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="tiny", help="tiny (a random tiny Llama: smoke only), smollm2, or a HF dir")
+    p.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--prompts", type=int, default=4, help="prompts per step (GRPO) = per member (ES)")
+    p.add_argument("--group", type=int, default=8, help="GRPO completions per prompt")
+    p.add_argument("--population", type=int, default=8, help="ES members at --budget episodes")
+    p.add_argument("--budget", choices=["flops", "episodes"], default="flops")
+    p.add_argument("--lr", type=float, default=1e-5, help="both GRPOs' AdamW learning rate")
+    p.add_argument("--es-lr", type=float, default=4e-3, help="ES step size alpha")
+    p.add_argument("--sigma", type=float, default=8e-3, help="ES noise scale (cosine to half of it)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--train-rows", type=int, default=512)
+    p.add_argument("--test-rows", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per trainer process")
+    p.add_argument("--out", default="runs/trl_swap")
+    p.add_argument("--smoke", action="store_true", help="tiny model, 2 steps, 8 test rows")
+    p.add_argument("--train-only", choices=TRAINERS, help=argparse.SUPPRESS)  # the child process
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
+    a = p.parse_args(argv)
+    a.argv = argv
+    if a.smoke:
+        a.model, a.steps, a.test_rows, a.train_rows, a.group, a.population = "tiny", 2, 8, 16, 2, 2
+        a.prompts, a.max_tokens = 2, 4
+    if a.train_only:
+        train_one(a.train_only, a)
+        return 0
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    model_dir = base_model_dir(a)
+    results = {}
+    for name in a.trainers:
+        print(f"training {name} ...", flush=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TRL_EXPERIMENTAL_SILENCE": "1"}
+        subprocess.run([sys.executable, __file__, *argv, "--train-only", name, "--model-dir", model_dir],
+                       check=True, env=env)
+        results[name] = json.loads((Path(a.out) / name / "result.json").read_text())
+    seen = {json.dumps(r["prompt"]) for r in arithmetic_rows(a.train_rows, seed=a.seed)}
+    test = [r for r in arithmetic_rows(a.test_rows, seed=10_000 + a.seed) if json.dumps(r["prompt"]) not in seen]
+    scores = {"base": evaluate(model_dir, test, a.max_tokens)}
+    for name in a.trainers:
+        scores[name] = evaluate(results[name]["final"], test, a.max_tokens)
+    text = report(a, results, scores)
+    (Path(a.out) / "trl_side_by_side.md").write_text(text)
+    (Path(a.out) / "results.json").write_text(json.dumps({"results": results, "scores": scores}, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

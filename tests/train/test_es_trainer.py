@@ -1,0 +1,202 @@
+"""`esopt.ESTrainer`: TRL's GRPOTrainer calling convention (reward functions, datasets, config names) over the ES
+run dir (ledger replay, resume, checkpoints loadable in transformers)."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from esopt import ESConfig, ESTrainer
+from esopt.envs.dataset import PromptDatasetEnv, score_completion
+from esopt.es import read_history, replay
+from esopt.models import load_policy
+from esopt.train.config import ConfigError
+
+datasets = pytest.importorskip("datasets")
+
+
+def sums(n: int = 12, conversational: bool = False):
+    rows = []
+    for i in range(n):
+        a, b = i % 4, i // 4
+        text = f"{a}+{b}="
+        rows.append({"prompt": [{"role": "user", "content": text}] if conversational else text,
+                     "answer": str(a + b), "difficulty": a + b})
+    return datasets.Dataset.from_list(rows)
+
+
+def content(completion) -> str:
+    return completion if isinstance(completion, str) else completion[0]["content"]
+
+
+def digit_share(prompts, completions, **kwargs):
+    """A dense reward the tiny random model's perturbed members score differently on: the share of digits."""
+    return [sum(ch.isdigit() for ch in content(c)) / max(1, len(content(c))) for c in completions]
+
+
+def args(out, **over) -> ESConfig:
+    base = dict(output_dir=str(out), max_steps=3, population_size=4, prompts_per_member=2, max_completion_length=6,
+                sigma=0.05, sigma_min=0.01, learning_rate=0.02, save_steps=1, report_to="none", seed=3)
+    return ESConfig(**{**base, **over})
+
+
+def test_reward_functions_get_trl_keywords_every_column_and_none_skips_a_function():
+    seen = {}
+
+    def exact(prompts, completions, answer, difficulty, **kwargs):
+        seen.update(prompts=prompts, completions=completions, answer=answer, difficulty=difficulty, extra=kwargs)
+        return [1.0 if content(c).strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+    def abstains(prompts, completions, **kwargs):
+        return [None]
+
+    def nan(prompts, completions, **kwargs):
+        return [math.nan]
+
+    env = PromptDatasetEnv(list(sums(conversational=True)), [exact, abstains, nan], reward_weights=[2.0, 5.0, 7.0])
+    env.reset(seed=5)  # row 5: 1+1=
+    _, reward, terminated, truncated, info = env.step(" 2 ")
+    assert (reward, terminated, truncated, info["is_success"]) == (2.0, True, False, True)
+    assert info["rewards"] == {"exact": 1.0, "abstains": None, "nan": None}
+    # TRL's shapes: lists of one element per keyword; a conversational prompt's completion is an assistant message
+    assert seen["prompts"] == [[{"role": "user", "content": "1+1="}]]
+    assert seen["completions"] == [[{"role": "assistant", "content": " 2 "}]]
+    assert (seen["answer"], seen["difficulty"], seen["extra"]) == (["2"], [2], {})
+    # no function scores: reward 0 (TRL's nansum), not NaN
+    env = PromptDatasetEnv(list(sums()), [abstains])
+    env.reset(seed=0)
+    assert env.step("x")[1] == 0.0
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda prompts, completions, **kw: 1.0, "one float"),
+    (lambda prompts, completions, **kw: [1.0, 2.0], "one float"),
+])
+def test_a_reward_function_with_the_wrong_shape_is_named(bad, message):
+    with pytest.raises(ValueError, match=message):
+        score_completion([bad], [1.0], "p", "c", {})
+
+
+def test_plain_prompts_are_continued_as_they_are_and_chat_prompts_get_the_template(tmp_path):
+    from esopt.engines.base import SamplingParams
+    from esopt.rollout.engine import run_episodes
+
+    policy = load_policy("tiny")
+    for conversational in (False, True):
+        rows = list(sums(4, conversational))
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=3)
+        traj = run_episodes(policy, lambda rows=rows: PromptDatasetEnv(rows, [digit_share]), [2], greedy, seed=0)[0][0]
+        expected = policy.build_prompt(rows[2]["prompt"]) if conversational else rows[2]["prompt"]
+        assert traj.turns[0].prompt == expected
+        assert traj.turns[0].prompt_ids == policy.tokenizer(expected, add_special_tokens=False)["input_ids"]
+
+
+def test_a_run_writes_the_usual_run_dir_that_replays_and_loads_in_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    trainer = ESTrainer(model="tiny", reward_funcs=digit_share, train_dataset=sums(), eval_dataset=sums(4),
+                        args=args(out))
+    summary = trainer.train(progress=False)
+    assert summary["steps_done"] == 3
+    history = read_history(out / "history.jsonl")
+    assert len(history) == 3 and any(len(set(r["rewards"])) > 1 for r in history), \
+        "every generation scored its members alike: the test would check nothing"
+    final = load_file(str(out / "final" / "model.safetensors"))
+    base = load_policy("tiny").model
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    replay(base, out / "history.jsonl")
+    moved = 0
+    for name, tensor in base.state_dict().items():
+        if name in final:
+            assert torch.equal(tensor, final[name]), name
+            moved += not torch.equal(tensor, before[name])
+    assert moved > 0
+    loaded = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in final.items())
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3]
+    assert not (out / "tb").exists()  # report_to="none"
+
+
+def test_resume_from_checkpoint_continues_a_stopped_run_to_the_same_weights(tmp_path, monkeypatch):
+    import esopt.population.local as local
+
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    ESTrainer("tiny", [digit_share], sums(), args=args(whole, max_steps=4)).train(progress=False)
+    real, calls = local.run_member, {"n": 0}
+
+    def ctrl_c_in_generation_3(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] > 8:  # the 4 members of generations 1 and 2 finish
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(local, "run_member", ctrl_c_in_generation_3)
+        stopped = ESTrainer("tiny", [digit_share], sums(), args=args(part, max_steps=4)).train(progress=False)
+    assert stopped["interrupted"] and stopped["steps_done"] == 2
+    with pytest.raises(FileExistsError, match="resume_from_checkpoint"):
+        ESTrainer("tiny", [digit_share], sums(), args=args(part, max_steps=4)).train(progress=False)
+    resumed = ESTrainer("tiny", [digit_share], sums(), args=args(part, max_steps=4))
+    assert resumed.train(resume_from_checkpoint=True, progress=False)["steps_done"] == 4
+    a, b = load_file(str(whole / "final/model.safetensors")), load_file(str(part / "final/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_model_object_is_saved_once_as_the_runs_base(tmp_path):
+    policy = load_policy("tiny", seed=7)
+    with pytest.raises(ValueError, match="processing_class"):
+        ESTrainer(policy.model, digit_share, sums(), args=args(tmp_path / "a"))
+    trainer = ESTrainer(policy.model, digit_share, sums(), args=args(tmp_path / "b", max_steps=1),
+                        processing_class=policy.tokenizer)
+    assert trainer.config.model.name == str(tmp_path / "b" / "base_model")
+    trainer.train(progress=False)
+    replayed = replay(load_policy(str(tmp_path / "b" / "base_model")).model, tmp_path / "b" / "history.jsonl")
+    final = load_file(str(tmp_path / "b" / "final/model.safetensors"))
+    state = replayed.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in final.items())
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda o: ESTrainer("tiny", digit_share, [{"text": "no prompt"}], args=args(o)), "row 0: needs a 'prompt'"),
+    (lambda o: ESTrainer("tiny", digit_share, [], args=args(o)), "train_dataset has no rows"),
+    (lambda o: ESTrainer("tiny", [], sums(), args=args(o)), "reward_funcs"),
+    (lambda o: ESTrainer("tiny", [digit_share], sums(), args=args(o, reward_weights=[1.0, 2.0])), "2 reward_weights"),
+    (lambda o: ESTrainer("no-such-model", digit_share, sums(), args=args(o)).train(), "unknown model"),
+    (lambda o: args(o, population_size=5), "population_size 5 must be even"),
+    (lambda o: args(o, learning_rate=-1), "learning_rate"),
+    (lambda o: args(o, num_generations=8), "num_generations is GRPOConfig's, not ES's: ES scores population_size"),
+])
+def test_bad_arguments_give_one_line_errors(tmp_path, make, message):
+    with pytest.raises((ValueError, ConfigError, FileNotFoundError)) as e:
+        make(tmp_path / "out")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_trl_swap_example_runs_both_trainers_from_one_script_at_its_smoke_size(tmp_path):
+    """examples/trl_swap.py --smoke: TRL's GRPOTrainer, ESTrainer and esopt's GRPO, each in its own process on the
+    same tiny model and rows, then the same greedy test eval; every trainer wrote a model the eval loaded."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("trl")
+    script = Path(__file__).resolve().parents[2] / "examples" / "trl_swap.py"
+    out = tmp_path / "swap"
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out)], check=True, env=env,
+                   capture_output=True, timeout=600)
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["scores"]) == {"base", "trl-grpo", "es", "esopt-grpo"}
+    assert len({len(v) for v in results["scores"].values()}) == 1  # every model scored on the same rows
+    for name in ("trl-grpo", "es", "esopt-grpo"):
+        r = results["results"][name]
+        assert r["peak_rss_bytes"] > 0 and r["seconds_per_step"] > 0
+        assert (Path(r["final"]) / "model.safetensors").exists()
+    assert len(read_history(out / "es" / "history.jsonl")) == 2
+    table = (out / "trl_side_by_side.md").read_text()
+    assert all(f"| {name} |" in table for name in ("base", "trl-grpo", "es", "esopt-grpo"))
