@@ -23,6 +23,7 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -90,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="OUT/<variant>/horizon/<run>, OUT/es_variants.md")
     p.add_argument("--resume", action="store_true", help="skip finished runs, continue partial ones")
     p.add_argument("--report-only", action="store_true", help="only rebuild OUT/es_variants.md from the runs")
+    p.add_argument("--also", nargs="+", default=[], metavar="DIR",
+                   help="more out dirs whose runs the report pools (other seeds' sessions): DIR/<variant>/...")
     return p
 
 
@@ -164,7 +167,9 @@ def _model(config):
     return _MODELS[key]
 
 
-def report(plans: dict, out: Path) -> str:
+def report(plans: dict, out: Path, also: Sequence[Path] = ()) -> str:
+    """The table of every variant's finished runs under OUT, then under each of `also` (a run found in
+    several roots is taken from the first)."""
     from esopt.experiments.horizon import load_results
     from esopt.train.config import load_config
     from esopt.utils.report import cpu_model, fmt_change
@@ -178,12 +183,13 @@ def report(plans: dict, out: Path) -> str:
     h_stars = sorted({h for p in plans.values() for h in p.h_stars})
     for h in h_stars:
         lines += [f"## H* = {h}", "",
-                  "| variant | what | G x E | D | success: base -> after | vs base [95%] | vs baseline [95%] | "
+                  "| variant | what | seeds | G x E | D | success: base -> after | vs base [95%] | vs baseline [95%] | "
                   "McNemar p vs baseline | valid moves | correct given valid | pairs differ | s / gen |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         found = {}
         for name, plan in plans.items():
-            runs = [r for r in load_results(replace(plan, h_stars=[h]), [out / name]) if r.summary.get("eval_after")]
+            roots = [out / name, *(Path(a) / name for a in also)]
+            runs: list = [r for r in load_results(replace(plan, h_stars=[h]), roots) if r.summary.get("eval_after")]
             if runs:
                 found[name] = sorted(runs, key=lambda r: r.seed)
         ref = found.get("baseline")
@@ -193,16 +199,21 @@ def report(plans: dict, out: Path) -> str:
             after = [x for r in runs for x in r.summary["eval_after"]["episode_success"]]
             tasks = plan.eval_tasks
             vs_ref, p_ref = "", ""
-            if ref and name != "baseline" and [r.seed for r in ref] == [r.seed for r in runs]:
-                theirs = [x for r in ref for x in r.summary["eval_after"]["episode_success"]]
-                vs_ref = fmt_change(paired_difference(theirs, after, tasks))
-                p_ref = f"{mcnemar_p(theirs, after):.3g}"
-            config = load_config(out / name / "horizon" / f"es_h{h}_s{runs[0].seed}" / "config.yaml")
+            common = sorted({r.seed for r in ref or []} & {r.seed for r in runs})
+            if ref and name != "baseline" and common:  # paired on the seeds both have
+                theirs = [x for r in ref if r.seed in common for x in r.summary["eval_after"]["episode_success"]]
+                mine = [x for r in runs if r.seed in common for x in r.summary["eval_after"]["episode_success"]]
+                vs_ref = fmt_change(paired_difference(theirs, mine, tasks))
+                p_ref = f"{mcnemar_p(theirs, mine):.3g}" + ("" if len(common) == len(runs) == len(ref)
+                                                             else f" (seeds {','.join(map(str, common))})")
+            run = f"horizon/es_h{h}_s{runs[0].seed}"
+            config = load_config(next(r / run for r in roots if (r / run / "config.yaml").exists()) / "config.yaml")
             ev = [r.summary["eval_after"] for r in runs]
             pairs = [row["pair_disagreement"] for r in runs for row in r.train_rows if "pair_disagreement" in row]
             secs = [row["seconds"] for r in runs for row in r.train_rows]
             lines.append(
-                f"| {name} | {VARIANTS[name].what} | {config.es.population_size} x {config.es.tasks_per_member} | "
+                f"| {name} | {VARIANTS[name].what} | {','.join(str(r.seed) for r in runs)} | "
+                f"{config.es.population_size} x {config.es.tasks_per_member} | "
                 f"{searched_dimension(config):.3g} | {_mean(base):.3f} -> {_mean(after):.3f} | "
                 f"{fmt_change(paired_difference(base, after, tasks))} | {vs_ref} | {p_ref} | "
                 f"{_mean([e['valid_action_rate'] for e in ev]):.3f}"
@@ -230,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     t = time.perf_counter()
     failed = [] if args.report_only else run_variants(plans, out, args.resume, args.threads, args.jobs)
-    text = report(plans, out)
+    text = report(plans, out, [Path(a) for a in args.also])
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "es_variants.md", text)  # a killed run leaves the old report whole
     print(text)

@@ -74,6 +74,17 @@ def test_es_variants_smoke_reports_each_variant_against_base_and_baseline(tmp_pa
     assert len(rows) == 1 and rows[0].count("[") == 2  # an interval against the base and one against baseline
     with pytest.raises(ValueError, match="unknown variant"):
         variants_main(["--smoke", "--only", "nope", "--out", str(out)])
+    # another session's seed, in its own out dir, pooled into one report; the variant with seed 0 only is
+    # paired with the baseline on seed 0 alone, and says so
+    other, pooled = tmp_path / "s1", tmp_path / "pooled"
+    assert variants_main(["--smoke", "--only", "baseline", "--seeds", "1", "--out", str(other)]) == 0
+    assert variants_main(["--smoke", "--only", "baseline", "subspace-r1", "--seeds", "0", "1", "--report-only",
+                          "--out", str(pooled), "--also", str(out), str(other)]) == 0
+    lines = (pooled / "es_variants.md").read_text().splitlines()
+    table = {line.split(" | ")[0][2:]: line.split(" | ") for line in lines
+             if line.startswith(("| baseline", "| subspace-r1"))}
+    assert table["baseline"][2] == "0,1" and table["subspace-r1"][2] == "0"
+    assert table["subspace-r1"][8].endswith("(seeds 0)")
 
 
 def test_wide_population_variants_keep_the_episode_budget_in_fewer_generations():
