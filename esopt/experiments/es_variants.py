@@ -181,6 +181,10 @@ def report(plans: dict, out: Path, also: Sequence[Path] = ()) -> str:
              "of antithetic pairs whose two members scored differently over the run's generations. "
              f"CPU: {cpu_model()}.", ""]
     h_stars = sorted({h for p in plans.values() for h in p.h_stars})
+
+    def roots(name: str) -> list[Path]:
+        return [out / name, *(Path(a) / name for a in also)]
+
     for h in h_stars:
         lines += [f"## H* = {h}", "",
                   "| variant | what | seeds | G x E | D | success: base -> after | vs base [95%] | vs baseline [95%] | "
@@ -188,8 +192,8 @@ def report(plans: dict, out: Path, also: Sequence[Path] = ()) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         found = {}
         for name, plan in plans.items():
-            roots = [out / name, *(Path(a) / name for a in also)]
-            runs: list = [r for r in load_results(replace(plan, h_stars=[h]), roots) if r.summary.get("eval_after")]
+            runs: list = [r for r in load_results(replace(plan, h_stars=[h]), roots(name))
+                          if r.summary.get("eval_after")]
             if runs:
                 found[name] = sorted(runs, key=lambda r: r.seed)
         ref = found.get("baseline")
@@ -207,7 +211,8 @@ def report(plans: dict, out: Path, also: Sequence[Path] = ()) -> str:
                 p_ref = f"{mcnemar_p(theirs, mine):.3g}" + ("" if len(common) == len(runs) == len(ref)
                                                              else f" (seeds {','.join(map(str, common))})")
             run = f"horizon/es_h{h}_s{runs[0].seed}"
-            config = load_config(next(r / run for r in roots if (r / run / "config.yaml").exists()) / "config.yaml")
+            config = load_config(next(r / run / "config.yaml" for r in roots(name)
+                                      if (r / run / "config.yaml").exists()))
             ev = [r.summary["eval_after"] for r in runs]
             pairs = [row["pair_disagreement"] for r in runs for row in r.train_rows if "pair_disagreement" in row]
             secs = [row["seconds"] for r in runs for row in r.train_rows]

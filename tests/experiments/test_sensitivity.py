@@ -84,6 +84,7 @@ def test_es_variants_smoke_reports_each_variant_against_base_and_baseline(tmp_pa
     table = {line.split(" | ")[0][2:]: line.split(" | ") for line in lines
              if line.startswith(("| baseline", "| subspace-r1"))}
     assert table["baseline"][2] == "0,1" and table["subspace-r1"][2] == "0"
+    assert float(table["subspace-r1"][4]) < float(table["baseline"][4])  # each row's D from its own config
     assert table["subspace-r1"][8].endswith("(seeds 0)")
 
 
