@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 # Debian's headless Chromium, which the web env's BrowserGym parity tests drive
 APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
-.PHONY: demo test test-fast lint mutation venv clean
+.PHONY: demo test test-fast test-kernels lint mutation venv clean
 
 $(VENV)/.installed: pyproject.toml
 	command -v tesseract >/dev/null || $(APT) install -y -q tesseract-ocr || { $(APT) update -q && $(APT) install -y -q tesseract-ocr; }
@@ -33,6 +33,13 @@ test: venv lint
 # the suite without the tests marked slow (end-to-end runs, SmolLM2, Ray, packaging): a couple of minutes
 test-fast: venv lint
 	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10
+
+# the tests that compare two computations which round differently (they take tolerances from tests/tolerance.py),
+# on a second set of kernels: ATen's portable (non-vectorised) kernels and oneDNN's SSE4.1 path, so that a
+# tolerance tuned to this CPU's own kernels fails here as it would on another CPU type
+KERNEL_TESTS := $(shell grep -l "tests.tolerance" -r tests --include=test_*.py | sort)
+test-kernels: venv
+	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 $(PY) -m pytest -q -n 2 $(KERNEL_TESTS)
 
 # hand-written sabotages of the core, each applied to a temp copy of the repo; every one must fail a test
 # (tests/mutation; not part of `make test`)
