@@ -12,6 +12,10 @@ what ES needs (population_size, sigma and its schedule, noise, batched) and what
 no optimizer state, no reference model: one generation is G perturbed members, each scored on the same prompts).
 A GRPOConfig name with no ES meaning (num_generations, beta, ...) is refused with what to use instead.
 
+Multi-turn tool use: `ESTrainer(..., environment_factory=Cls)` takes the environment classes TRL's GRPOTrainer
+takes (`reset(**row)`, public methods as tools, optional `get_reward()`; `esopt.envs.environment`), with tool
+calls in esopt's ReAct format so any model can make them; `max_tool_calling_iterations` caps the calls.
+
 Reward functions are called as TRL calls them, `f(prompts=[p], completions=[c], **columns)`, one completion per
 call; TRL's extra keywords `completion_ids`, `trainer_state`, `log_extra` and `log_metric` are not passed, so
 write them with `**kwargs` (as TRL's docs advise).
@@ -26,14 +30,16 @@ they make is registered in this process only (`esopt-local/...`): resume a run w
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from esopt.envs.base import AgentEnv
 from esopt.envs.dataset import PromptDatasetEnv, RewardFunc, check_rows
+from esopt.envs.environment import EnvironmentToolEnv
 from esopt.train.config import BaseTrainConfig, ConfigError, ESTrainConfig, _one_line, build_config
 from esopt.train.tasks import heldout_task_seeds
 
@@ -93,6 +99,8 @@ class ESConfig(BaseModel):
     success_threshold: float = Field(1.0, description="a completion whose reward reaches this counts as solved")
     max_eval_samples: int | None = Field(None, ge=1, description="eval on the first k eval rows (default: all)")
     max_batch_size: int | None = Field(None, ge=1, description="cap on completions per generate call")
+    max_tool_calling_iterations: int | None = Field(
+        None, ge=0, description="environment_factory: tool calls per episode before it is cut off (None: 5)")
     device: str = Field("cpu", description="cpu, auto, cuda, cuda:N")
 
     def __init__(self, **data: Any) -> None:
@@ -143,19 +151,29 @@ def _model_name(model: Any, tokenizer: Any, out: Path) -> str:
 
 def dataset_config(data: dict[str, Any], train_rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]],
                    reward_funcs: Sequence[RewardFunc], reward_weights: Sequence[float] | None = None,
-                   success_threshold: float = 1.0) -> BaseTrainConfig:
-    """A validated training config of any algorithm (`data`, without `env`) whose env is one turn over these
-    dataset rows scored by these reward functions, registered in this process (`esopt-local/...`). Without eval
-    rows, evals run on 8 training rows (a smoke signal, not a held-out number)."""
+                   success_threshold: float = 1.0, environment_factory: Callable[[], Any] | None = None,
+                   max_tool_calls: int | None = None) -> BaseTrainConfig:
+    """A validated training config of any algorithm (`data`, without `env`) whose env is these dataset rows
+    scored by these reward functions, registered in this process (`esopt-local/...`): one turn each, or with an
+    `environment_factory` (TRL's contract, `esopt.envs.environment`) a multi-turn tool-using episode. Without
+    eval rows, evals run on 8 training rows (a smoke signal, not a held-out number)."""
     env_id = f"esopt-local/PromptDataset-{next(_ENV_IDS)}-v0"
     evals = {"tasks": len(eval_rows) or min(8, len(train_rows)), "split": "test", "base_cache": None}
-    config = build_config({**data, "env": {"id": env_id, "kwargs": {}, "few_shot": 0},
+    multi_turn = {"conversation": "history"} if environment_factory is not None else {}
+    config = build_config({**data, "env": {"id": env_id, "kwargs": {}, "few_shot": 0, **multi_turn},
                            "eval": {**data.get("eval", {}), **evals}})
     # each eval seed names one eval row, so an eval visits every row once
     heldout = {s: i for i, s in enumerate(heldout_task_seeds(config))} if eval_rows else {}
+    turns = (5 if max_tool_calls is None else max_tool_calls) + 1  # the calls, then the answer
 
-    def make(**_: Any) -> PromptDatasetEnv:
+    def make(**_: Any) -> AgentEnv:
+        if environment_factory is not None:
+            return EnvironmentToolEnv(environment_factory, train_rows, reward_funcs, reward_weights, eval_rows,
+                                      heldout, success_threshold, max_turns=turns)
         return PromptDatasetEnv(train_rows, reward_funcs, reward_weights, eval_rows, heldout, success_threshold)
+
+    if environment_factory is not None:
+        make()  # the environment's tools and rows are checked here, with a clear error, not in a worker
 
     gymnasium.register(env_id, entry_point=make)
     return config
@@ -164,11 +182,15 @@ def dataset_config(data: dict[str, Any], train_rows: list[dict[str, Any]], eval_
 class ESTrainer:
     """ES over a prompt dataset and reward functions; `train()` runs it and returns the run's summary."""
 
-    def __init__(self, model: Any, reward_funcs: RewardFunc | Sequence[RewardFunc], train_dataset: Any,
-                 eval_dataset: Any = None, args: ESConfig | None = None, processing_class: Any = None) -> None:
+    def __init__(self, model: Any, reward_funcs: RewardFunc | Sequence[RewardFunc] | None, train_dataset: Any,
+                 eval_dataset: Any = None, args: ESConfig | None = None, processing_class: Any = None,
+                 environment_factory: Callable[[], Any] | None = None) -> None:
         self.args = args or ESConfig()
-        funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
-        if not funcs or not all(callable(f) for f in funcs):
+        self.environment_factory = environment_factory
+        funcs = [] if reward_funcs is None else [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+        if environment_factory is not None and not callable(environment_factory):
+            raise ValueError("environment_factory must be a class or a callable that makes one environment")
+        if (not funcs and environment_factory is None) or not all(callable(f) for f in funcs):
             raise ValueError("reward_funcs must be a callable or a list of callables (TRL's reward function "
                              "signature: f(prompts, completions, **columns) -> list[float | None])")
         if self.args.reward_weights is not None and len(self.args.reward_weights) != len(funcs):
@@ -198,7 +220,7 @@ class ESTrainer:
         }
         try:
             config = dataset_config(data, self.train_rows, self.eval_rows, self.reward_funcs, a.reward_weights,
-                                    a.success_threshold)
+                                    a.success_threshold, self.environment_factory, a.max_tool_calling_iterations)
         except ConfigError as e:
             raise ConfigError(f"ESConfig: {e}") from None
         assert isinstance(config, ESTrainConfig)

@@ -200,3 +200,120 @@ def test_the_trl_swap_example_runs_both_trainers_from_one_script_at_its_smoke_si
     assert len(read_history(out / "es" / "history.jsonl")) == 2
     table = (out / "trl_side_by_side.md").read_text()
     assert all(f"| {name} |" in table for name in ("base", "trl-grpo", "es", "esopt-grpo"))
+
+
+# --- TRL's environment_factory: multi-turn tool use with the same environment class ----------------------------
+
+class Counter:
+    """A TRL-style environment: reset gets the row's columns; public methods are tools; get_reward scores."""
+
+    def reset(self, **row):
+        self.total, self.target = 0, int(row["answer"])
+        return f"Reach {self.target} with add."
+
+    def add(self, n: int) -> str:
+        """Add to the running total.
+
+        Args:
+            n: how much to add
+        """
+        self.total += n
+        return f"total {self.total}"
+
+    def get_reward(self) -> float:
+        return float(self.total == self.target)
+
+
+def test_an_environment_class_gives_tools_a_multi_turn_episode_and_its_reward():
+    from esopt.envs.environment import EnvironmentToolEnv
+
+    seen = {}
+
+    def says_done(prompts, completions, environments, answer, **kwargs):
+        seen.update(completions=completions, environments=environments, answer=answer)
+        return [0.5 if "done" in completions[0][-1]["content"] else 0.0]
+
+    env = EnvironmentToolEnv(Counter, list(sums(conversational=True)), [says_done], reward_weights=[2.0])
+    _, info = env.reset(seed=6)  # row 6: 2+1=, answer 3
+    system, user = info["prompt"][0], info["prompt"][-1]
+    assert system["role"] == "system" and "add(n): Add to the running total." in system["content"]
+    assert user["content"] == "2+1=\n\nReach 3 with add."
+    assert env.step("I add two. <add>2</add>")[0] == "Observation: total 2"
+    obs, reward, terminated, _, _ = env.step("<add>{\"n\": 1}</add>")
+    assert (obs, reward, terminated) == ("Observation: total 3", 0.0, False)
+    _, reward, terminated, truncated, info = env.step("done")  # no tool call: the final answer, as in TRL
+    assert (terminated, truncated, info["is_success"]) == (True, False, True)
+    assert reward == 2.0 * 0.5 + 1.0 and info["rewards"] == {"says_done": 0.5, "Counter": 1.0}
+    assert [m["role"] for m in seen["completions"][0]] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    assert seen["environments"][0].total == 3 and seen["answer"] == ["3"]
+
+
+def test_an_episode_out_of_turns_is_scored_as_it_stands():
+    from esopt.envs.environment import EnvironmentToolEnv
+
+    env = EnvironmentToolEnv(Counter, list(sums(conversational=True)), max_turns=2)
+    env.reset(seed=6)
+    env.step("<add>3</add>")
+    _, reward, terminated, truncated, info = env.step("<add>1</add>")
+    assert (terminated, truncated, reward, info["rewards"]) == (False, True, 0.0, {"Counter": 0.0})
+
+
+def test_environments_that_cannot_work_are_refused_with_the_reason():
+    from esopt.envs.environment import EnvironmentToolEnv
+
+    class Undocumented:
+        def reset(self, **row):
+            return None
+
+        def look(self, x: int) -> str:
+            return str(x)
+
+    with pytest.raises(ValueError, match="Undocumented.look: .*docstring"):
+        EnvironmentToolEnv(Undocumented, list(sums(conversational=True)), [digit_share])
+    with pytest.raises(ValueError, match="conversational prompts"):
+        EnvironmentToolEnv(Counter, list(sums()), [digit_share])
+    with pytest.raises(ValueError, match="no reward"):
+        EnvironmentToolEnv(lambda: Undocumented(), list(sums(conversational=True)))
+
+
+def test_es_trainer_trains_through_an_environment_factory(tmp_path):
+    out = tmp_path / "env"
+    trainer = ESTrainer("tiny", None, sums(conversational=True), environment_factory=Counter,
+                        args=args(out, max_steps=2, max_tool_calling_iterations=2, max_completion_length=8))
+    assert trainer.config.env.conversation == "history"
+    summary = trainer.train(progress=False)
+    assert summary["steps_done"] == 2 and len(read_history(out / "history.jsonl")) == 2
+
+
+def test_a_tool_using_episode_runs_turn_by_turn_with_its_history():
+    """The rollout engine drives the environment for several turns in history mode: each prompt holds the
+    earlier calls and their observations; the episode ends on the reply without a call and gets its reward."""
+    import re
+
+    from esopt.engines.base import Completion, SamplingParams
+    from esopt.envs.environment import EnvironmentToolEnv
+    from esopt.rollout.engine import run_episodes
+
+    class AddsOneUntilThere:
+        tokenizer, model, prompts = None, torch.nn.Linear(1, 1), []
+        device = torch.device("cpu")
+
+        def build_prompt(self, messages):
+            return "|".join(f"{m['role']}:{m['content']}" for m in messages)
+
+        def generate(self, prompts, sampling, seed=None, return_logprobs=False, **kwargs):
+            self.prompts += prompts
+            out = []
+            for p in prompts:
+                target, totals = int(re.search(r"Reach (\d+)", p).group(1)), re.findall(r"total (\d+)", p)
+                text = "done" if totals and int(totals[-1]) == target else "<add>1</add>"
+                out.append(Completion(prompt_ids=[1], token_ids=[2], text=text))
+            return out
+
+    policy = AddsOneUntilThere()
+    rows = list(sums(conversational=True))
+    (traj,), _ = run_episodes(policy, lambda: EnvironmentToolEnv(Counter, rows, max_turns=6), [6],
+                              SamplingParams(max_new_tokens=8), conversation="history")
+    assert [t.text for t in traj.turns] == ["<add>1</add>"] * 3 + ["done"]
+    assert traj.success and traj.reward == 1.0 and traj.turns[-1].terminated
+    assert policy.prompts[2].count("assistant:<add>1</add>") == 2 and "user:Observation: total 2" in policy.prompts[2]

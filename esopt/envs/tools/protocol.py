@@ -87,6 +87,7 @@ class Answer:
 @dataclass(frozen=True)
 class Malformed:
     reason: str
+    no_call: bool = False  # the reply tried no tool call and no answer at all (plain text)
 
 
 def _bounded(text: str, limit: int) -> str:
@@ -181,7 +182,7 @@ def _parse_turn(text: Any, tools: Mapping[str, Tool]) -> ToolCall | Answer | Mal
     if best is not None:
         return best[1]
     tags = ", ".join(f"<{t}>" for t in [*tools, ANSWER_TAG])
-    return Malformed(f"no tool call or answer found: use one of {tags}")
+    return Malformed(f"no tool call or answer found: use one of {tags}", no_call=True)
 
 
 def _parse_json_call(body: str, tools: Mapping[str, Tool]) -> ToolCall | Answer | Malformed:

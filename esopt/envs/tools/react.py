@@ -20,6 +20,7 @@ from esopt.envs.text_space import PRINTABLE_ASCII, FreeText, ascii_text_space
 from esopt.envs.tools.protocol import (
     CALL_FORMATS,
     Answer,
+    Malformed,
     Tool,
     ToolCall,
     describe_tools,
@@ -40,6 +41,8 @@ class ToolEnv(AgentEnv):
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     concurrent_steps = True
     task_intro = "Solve the task with the tools."
+    # TRL's convention: a reply with no tool call is the final answer (else it is malformed and costs a turn)
+    plain_reply_is_answer = False
 
     def __init__(self, max_turns: int = 6, call_format: str = "tagged", observation_chars: int = 800,
                  render_mode: str | None = None) -> None:
@@ -78,6 +81,10 @@ class ToolEnv(AgentEnv):
         """(exactly right, shaped score in [0, 1]) of a final answer to the current task."""
         raise NotImplementedError
 
+    def _reward(self) -> float:
+        """The step's reward: 1 once the episode is solved (subclasses may pay the graded score instead)."""
+        return 1.0 if self._success else 0.0
+
     def _answer_key(self, answer: str) -> str:
         """The answer in a canonical form, so that equal answers vote together."""
         return " ".join(answer.split()).lower()
@@ -97,6 +104,8 @@ class ToolEnv(AgentEnv):
             raise RuntimeError("the episode is over; call reset()")
         self._turn += 1
         parsed = parse_turn(action, self.tools)
+        if isinstance(parsed, Malformed) and parsed.no_call and self.plain_reply_is_answer:
+            parsed = Answer(action.strip() if isinstance(action, str) else "")
         terminated, valid, tool = False, True, ""
         if isinstance(parsed, Answer):
             self._success, self._score = self._grade(parsed.text)
@@ -113,7 +122,7 @@ class ToolEnv(AgentEnv):
         if truncated:
             observation += "\nOut of turns."
         self._done = terminated or truncated
-        reward = 1.0 if self._success else 0.0
+        reward = self._reward()
         info = {"is_success": self._success, "action_is_valid": valid, "shaped_reward": float(self._score),
                 "feedback": observation[:200], "tool": tool, "tool_calls": self.tool_calls}
         if terminated:
