@@ -11,8 +11,10 @@ Task: reasoning-gym's `basic_arithmetic` (offline, seeded; train and test rows f
 prompts. Rewards (TRL's signature): `correct` (1 if the first number of the reply equals the answer) and
 `answers_with_a_number` (0.1 if the reply starts with a number; None otherwise, so it abstains).
 Budget per step: GRPO `--prompts` prompts x `--group` completions; ES `--population` members x `--prompts`
-prompts, with `--budget flops` (default) x5 members for the same estimated model FLOPs (ES's forward-only 2 FLOPs
-per token and parameter against GRPO's 2 + 6 + 2; Table 2 of the method), or the same completions with
+prompts, with `--budget flops` (default) x4 members for the same estimated model FLOPs (ES's forward-only 2 FLOPs
+per token and parameter against GRPO's 2 + 6: the rollout, then one forward and backward; both GRPOs here run
+one epoch on fresh samples with no KL term, so neither computes old or reference log-probs), or the same
+completions with
 `--budget episodes`.
 
 Each trainer runs in a fresh process (its own peak RSS, VmHWM), then every model, the base included, is scored
@@ -88,8 +90,8 @@ def make_trainer(name: str, a: argparse.Namespace, model_dir: str, train_ds, out
 
 
 def es_members(a: argparse.Namespace) -> int:
-    """ES's population: x5 at matched FLOPs (2 per token and parameter vs GRPO's 2 + 6 + 2 at one epoch)."""
-    return a.population * (5 if a.budget == "flops" else 1)
+    """ES's population: x4 at matched FLOPs (2 per token and parameter vs GRPO's 2 + 6 at one epoch, no KL)."""
+    return a.population * (4 if a.budget == "flops" else 1)
 
 
 def esopt_grpo(a: argparse.Namespace, model_dir: str, train_rows: list[dict], out: Path) -> tuple[Path, float]:

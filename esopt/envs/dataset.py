@@ -55,10 +55,14 @@ def score_completion(reward_funcs: Sequence[RewardFunc], weights: Sequence[float
     total = 0.0
     for func, weight in zip(reward_funcs, weights):
         out = func(prompts=[prompt], completions=[completion], **{k: [v] for k, v in columns.items()})
-        if not isinstance(out, (list, tuple)) or len(out) != 1:
+        try:  # a list, tuple, numpy array or tensor of one value per completion
+            returned = list(out) if not isinstance(out, (str, bytes, Mapping)) else None
+        except TypeError:
+            returned = None
+        if returned is None or len(returned) != 1:
             raise ValueError(f"reward function {reward_name(func)} returned {out!r}: it must return a list with one "
                              "float (or None) per completion")
-        value = out[0]
+        value = returned[0]
         if value is not None:
             value = float(value)
             if math.isnan(value):

@@ -22,28 +22,38 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from esopt.envs.dataset import RewardFunc, check_rows, is_conversational, score_completion
-from esopt.envs.tools.protocol import Tool, describe_tools
+from esopt.envs.tools.protocol import ANSWER_TAG, TOOL_NAME, Tool, describe_tools
 from esopt.envs.tools.react import ToolEnv
 
 RESERVED = ("reset", "get_reward")
 
 
-def environment_tools(instance: Any) -> dict[str, dict[str, Any]]:
-    """{name: JSON schema of its parameters} for the environment's public methods (TRL's tool discovery)."""
+def environment_tools(cls: type) -> dict[str, dict[str, Any]]:
+    """{name: (description, JSON schema of its parameters)} of the environment class's public methods, found as
+    TRL finds them (functions of the class, so properties are not evaluated); refused with the reason when a
+    method cannot be a tool."""
     from transformers.utils import get_json_schema
 
+    if not callable(getattr(cls, "reset", None)):
+        raise ValueError(f"{cls.__name__} has no reset(**row) method (TRL's environment contract)")
     tools = {}
-    for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
+    for name, function in inspect.getmembers(cls, predicate=inspect.isfunction):
         if name.startswith("_") or name in RESERVED:
             continue
+        if not TOOL_NAME.fullmatch(name) or name == ANSWER_TAG:
+            raise ValueError(f"environment tool {cls.__name__}.{name}: tool names are lower_snake_case and not "
+                             f"{ANSWER_TAG!r} (the final answer's tag)")
         try:
-            schema = get_json_schema(method)["function"]
+            schema = get_json_schema(function)["function"]
         except Exception as e:  # transformers' DocstringParsingException, TypeHintParsingException
-            raise ValueError(f"environment tool {type(instance).__name__}.{name}: {e} (TRL's tools need type hints "
-                             "and a Google-style docstring with an Args section)") from None
-        tools[name] = {"description": schema.get("description", ""), "schema": schema.get("parameters", {})}
+            raise ValueError(f"environment tool {cls.__name__}.{name}: {e} (TRL's tools need type hints and a "
+                             "Google-style docstring with an Args section)") from None
+        params = dict(schema.get("parameters", {}))
+        params["properties"] = {k: v for k, v in params.get("properties", {}).items() if k != "self"}
+        params.setdefault("required", [])  # every input has a default: none is required
+        tools[name] = {"description": schema.get("description", ""), "schema": params}
     if not tools:
-        raise ValueError(f"{type(instance).__name__} has no public method to use as a tool")
+        raise ValueError(f"{cls.__name__} has no public method to use as a tool")
     return tools
 
 
@@ -53,6 +63,9 @@ class EnvironmentToolEnv(ToolEnv):
 
     plain_reply_is_answer = True
     task_intro = "Use the tools when they help."
+    # tools and reward functions are user code: run them one episode at a time on the rollout's thread, as TRL
+    # does (shared state, signal-based timeouts), not in the engine's step threads
+    concurrent_steps = False
 
     def __init__(self, factory: Callable[[], Any], rows: Sequence[Mapping[str, Any]],
                  reward_funcs: Sequence[RewardFunc] = (), reward_weights: Sequence[float] | None = None,
@@ -65,28 +78,29 @@ class EnvironmentToolEnv(ToolEnv):
                              "as TRL's does")
         self.factory = factory
         self.rows, self.heldout, self.heldout_rows = rows, heldout, dict(heldout_rows or {})
-        probe = factory()
+        cls = factory if isinstance(factory, type) else type(factory())
         funcs = list(reward_funcs)
         weights = [1.0] * len(funcs) if reward_weights is None else [float(w) for w in reward_weights]
         if len(weights) != len(funcs):
             raise ValueError(f"{len(weights)} reward_weights for {len(funcs)} reward functions")
-        if callable(getattr(probe, "get_reward", None)):
-            funcs.append(self._get_reward_func(type(probe).__name__))
+        if callable(getattr(cls, "get_reward", None)):
+            funcs.append(self._get_reward_func(cls.__name__))
             weights.append(1.0)
         if not funcs:
             raise ValueError("no reward: give reward_funcs or an environment with get_reward()")
         self.reward_funcs, self.weights, self.success_threshold = funcs, weights, success_threshold
-        self._specs = environment_tools(probe)
-        self.instance: Any = probe
+        self._specs = _tools_of(cls)
+        self.instance: Any = None
         self.row: Mapping[str, Any] = rows[0]
         self.transcript: list[dict[str, Any]] = []
         self.rewards: dict[str, float | None] = {}
+        self.question = ""
         super().__init__(max_turns=max_turns, call_format=call_format, observation_chars=observation_chars)
 
     @staticmethod
     def _get_reward_func(name: str) -> RewardFunc:
         def env_reward(prompts, completions, environments, **kwargs):
-            return [float(env.get_reward()) for env in environments]
+            return [env.get_reward() for env in environments]  # None (no score) is allowed, as in TRL
 
         env_reward.__name__ = name
         return env_reward
@@ -108,7 +122,7 @@ class EnvironmentToolEnv(ToolEnv):
             messages[0]["content"] = f"{messages[0]['content']}\n\n{tools}"
         else:
             messages.insert(0, {"role": "system", "content": f"{self.task_intro}\n{tools}"})
-        messages[-1]["content"] = observation
+        messages[-1]["content"] = self.question  # as written (the observation is ASCII-only)
         return observation, {**info, "prompt": messages}
 
     def _new_task(self, seed: int, options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -117,8 +131,8 @@ class EnvironmentToolEnv(ToolEnv):
         self.instance = self.factory()
         self.transcript = []
         extra = self.instance.reset(**dict(self.row))
-        question = str(self.row["prompt"][-1]["content"])
-        return self.row, question + (f"\n\n{extra}" if extra else "")
+        self.question = str(self.row["prompt"][-1]["content"]) + (f"\n\n{extra}" if extra else "")
+        return self.row, self.question
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self.transcript.append({"role": "assistant", "content": action if isinstance(action, str) else ""})
@@ -137,6 +151,7 @@ class EnvironmentToolEnv(ToolEnv):
         return out
 
     def _grade(self, answer: str) -> tuple[bool, float]:
+        self.rewards = {}
         columns = {k: v for k, v in self.row.items() if k != "prompt"}
         score, self.rewards = score_completion(self.reward_funcs, self.weights, self.row["prompt"],
                                                list(self.transcript), {**columns, "environments": self.instance})
@@ -147,3 +162,13 @@ class EnvironmentToolEnv(ToolEnv):
 
 
 __all__ = ["EnvironmentToolEnv", "environment_tools"]
+
+
+_TOOLS: dict[type, dict[str, dict[str, Any]]] = {}
+
+
+def _tools_of(cls: type) -> dict[str, dict[str, Any]]:
+    """`environment_tools`, once per class (an env is made per episode; its class's schema does not change)."""
+    if cls not in _TOOLS:
+        _TOOLS[cls] = environment_tools(cls)
+    return _TOOLS[cls]

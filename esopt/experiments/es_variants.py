@@ -211,8 +211,9 @@ def report(plans: dict, out: Path, also: Sequence[Path] = ()) -> str:
                 p_ref = f"{mcnemar_p(theirs, mine):.3g}" + ("" if len(common) == len(runs) == len(ref)
                                                              else f" (seeds {','.join(map(str, common))})")
             run = f"horizon/es_h{h}_s{runs[0].seed}"
+            # the root load_results took the run from: the first with a finished run (summary.json)
             config = load_config(next(r / run / "config.yaml" for r in roots(name)
-                                      if (r / run / "config.yaml").exists()))
+                                      if (r / run / "summary.json").exists()))
             ev = [r.summary["eval_after"] for r in runs]
             pairs = [row["pair_disagreement"] for r in runs for row in r.train_rows if "pair_disagreement" in row]
             secs = [row["seconds"] for r in runs for row in r.train_rows]

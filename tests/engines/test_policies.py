@@ -320,6 +320,8 @@ def test_gemma3_policy_by_name():
     end_of_turn = pol.tokenizer.convert_tokens_to_ids("<end_of_turn>")
     assert end_of_turn in pol.eos_token_ids and pol.tokenizer.eos_token_id in pol.eos_token_ids
     prompt = pol.build_prompt([{"role": "user", "content": "Say hi."}])
-    assert prompt.endswith("<start_of_turn>model\n")
-    (g,) = pol.generate([prompt], SamplingParams(temperature=0, max_new_tokens=40))
-    assert g.token_ids and (g.token_ids[-1] in pol.eos_token_ids or len(g.token_ids) == 40)
+    assert prompt.startswith("<bos><start_of_turn>user\n") and prompt.endswith("<start_of_turn>model\n")
+    # the dequantized weights are a working model: the base model continues a count (it does not follow the
+    # turn format before training: its greedy reply to a turn prompt is degenerate)
+    (g,) = pol.generate(["<bos>1, 2, 3, 4,"], SamplingParams(temperature=0, max_new_tokens=6))
+    assert g.text.startswith(" 5, 6")

@@ -88,9 +88,13 @@ def test_plain_prompts_are_continued_as_they_are_and_chat_prompts_get_the_templa
         rows = list(sums(4, conversational))
         greedy = SamplingParams(temperature=0.0, max_new_tokens=3)
         traj = run_episodes(policy, lambda rows=rows: PromptDatasetEnv(rows, [digit_share]), [2], greedy, seed=0)[0][0]
-        expected = policy.build_prompt(rows[2]["prompt"]) if conversational else rows[2]["prompt"]
-        assert traj.turns[0].prompt == expected
-        assert traj.turns[0].prompt_ids == policy.tokenizer(expected, add_special_tokens=False)["input_ids"]
+        if conversational:
+            expected = policy.build_prompt(rows[2]["prompt"])
+            assert traj.turns[0].prompt_ids == policy.tokenizer(expected, add_special_tokens=False)["input_ids"]
+        else:  # tokenized as TRL tokenizes a raw prompt: with the tokenizer's special tokens
+            expected = rows[2]["prompt"]
+            assert traj.turns[0].prompt_ids == policy.tokenizer(expected)["input_ids"]
+        assert traj.turns[0].prompt.endswith(expected)
 
 
 def test_a_run_writes_the_usual_run_dir_that_replays_and_loads_in_transformers(tmp_path):
@@ -119,6 +123,8 @@ def test_a_run_writes_the_usual_run_dir_that_replays_and_loads_in_transformers(t
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3]
     assert not (out / "tb").exists()  # report_to="none"
+    quiet = ESTrainer("tiny", digit_share, sums(), args=args(tmp_path / "q", report_to=[]))
+    assert quiet.config.tensorboard is False  # [] reports nowhere, as in TRL
 
 
 def test_resume_from_checkpoint_continues_a_stopped_run_to_the_same_weights(tmp_path, monkeypatch):
@@ -168,6 +174,7 @@ def test_a_model_object_is_saved_once_as_the_runs_base(tmp_path):
     (lambda o: ESTrainer("no-such-model", digit_share, sums(), args=args(o)).train(), "unknown model"),
     (lambda o: args(o, population_size=5), "population_size 5 must be even"),
     (lambda o: args(o, learning_rate=-1), "learning_rate"),
+    (lambda o: ESTrainer("tiny", torch.nn.Linear(1, 1), sums(), args=args(o)), "is a model"),
     (lambda o: args(o, num_generations=8), "num_generations is GRPOConfig's, not ES's: ES scores population_size"),
 ])
 def test_bad_arguments_give_one_line_errors(tmp_path, make, message):
@@ -253,9 +260,67 @@ def test_an_episode_out_of_turns_is_scored_as_it_stands():
 
     env = EnvironmentToolEnv(Counter, list(sums(conversational=True)), max_turns=2)
     env.reset(seed=6)
-    env.step("<add>3</add>")
-    _, reward, terminated, truncated, info = env.step("<add>1</add>")
-    assert (terminated, truncated, reward, info["rewards"]) == (False, True, 0.0, {"Counter": 0.0})
+    env.step("<add>2</add>")
+    _, reward, terminated, truncated, info = env.step("<add>1</add>")  # reaches 3 on the last turn
+    assert (terminated, truncated, reward, info["rewards"]) == (False, True, 1.0, {"Counter": 1.0})
+
+
+class Settings:
+    """Typed tool inputs (TRL's schemas) and a reward that abstains."""
+
+    def reset(self, **row):
+        self.seen = None
+
+    def configure(self, flag: bool, sizes: list[int], name: str = "x") -> str:
+        """Store settings.
+
+        Args:
+            flag: a switch
+            sizes: some sizes
+            name: a name
+        """
+        self.seen = (flag, sizes, name)
+        return "ok"
+
+    def get_reward(self):
+        return None if self.seen is None else float(self.seen[0] is False)
+
+
+def test_tool_inputs_keep_their_types_and_a_none_reward_abstains():
+    from esopt.envs.environment import EnvironmentToolEnv
+
+    rows = [{"prompt": [{"role": "user", "content": "Réglez 2×3 ≈ π"}], "answer": "6"}]
+    env = EnvironmentToolEnv(Settings, rows)
+    _, info = env.reset(seed=0)
+    assert info["prompt"][-1]["content"] == "Réglez 2×3 ≈ π"  # the row's text as written, not its ASCII shadow
+    obs = env.step('<configure>{"flag": false, "sizes": [1, 2]}</configure>')[0]
+    assert obs == "Observation: ok" and env.instance.seen == (False, [1, 2], "x")
+    assert env.step("fine")[1] == 1.0
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step("nothing to do")
+    assert terminated and reward == 0.0 and info["rewards"] == {"Settings": None}
+    env.reset(seed=0)
+    assert "must be a boolean" in env.step('<configure>{"flag": "maybe", "sizes": []}</configure>')[0]
+
+
+def test_a_raw_prompt_starts_with_bos_where_the_tokenizer_adds_one():
+    from types import SimpleNamespace
+
+    from esopt.rollout.engine import with_bos
+
+    class Tok:
+        bos_token, bos_token_id = "<s>", 1
+
+        def __init__(self, adds):
+            self.adds = adds
+
+        def __call__(self, text):
+            return {"input_ids": ([1] if self.adds else []) + [5]}
+
+    assert with_bos(SimpleNamespace(tokenizer=Tok(True)), "2+2=") == "<s>2+2="
+    assert with_bos(SimpleNamespace(tokenizer=Tok(True)), "<s>2+2=") == "<s>2+2="
+    assert with_bos(SimpleNamespace(tokenizer=Tok(False)), "2+2=") == "2+2="
+    assert with_bos(SimpleNamespace(tokenizer=None), "2+2=") == "2+2="
 
 
 def test_environments_that_cannot_work_are_refused_with_the_reason():
@@ -274,6 +339,20 @@ def test_environments_that_cannot_work_are_refused_with_the_reason():
         EnvironmentToolEnv(Counter, list(sums()), [digit_share])
     with pytest.raises(ValueError, match="no reward"):
         EnvironmentToolEnv(lambda: Undocumented(), list(sums(conversational=True)))
+
+    class CamelCase(Counter):
+        def addTwo(self, n: int) -> str:
+            """Add two.
+
+            Args:
+                n: ignored
+            """
+            return ""
+
+    with pytest.raises(ValueError, match="CamelCase.addTwo: tool names are lower_snake_case"):
+        EnvironmentToolEnv(CamelCase, list(sums(conversational=True)))
+    with pytest.raises(ValueError, match="no reset"):
+        EnvironmentToolEnv(type("NoReset", (), {"get_reward": lambda self: 0.0}), list(sums(conversational=True)))
 
 
 def test_es_trainer_trains_through_an_environment_factory(tmp_path):

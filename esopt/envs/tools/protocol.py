@@ -127,8 +127,19 @@ def coerce_arguments(tool: Tool, raw: Any) -> dict[str, Any] | Malformed:
             return Malformed(f"{tool.name}: missing input {name!r}")
     for name, value in raw.items():
         kind = props[name].get("type", "string")
+        if isinstance(kind, list):  # a nullable type, ["integer", "null"]: its non-null member
+            kind = next((k for k in kind if k != "null"), "string")
         try:
-            if kind == "integer":
+            if kind == "boolean":
+                text = str(value).strip().lower()
+                if not isinstance(value, bool) and text not in ("true", "false"):
+                    raise ValueError
+                value = value if isinstance(value, bool) else text == "true"
+            elif kind in ("array", "object"):
+                value = json.loads(value) if isinstance(value, str) else value
+                if not isinstance(value, list if kind == "array" else dict):
+                    raise ValueError
+            elif kind == "integer":
                 if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                     raise ValueError
                 value = int(str(value).strip()) if not isinstance(value, (int, float)) else int(value)
@@ -136,14 +147,16 @@ def coerce_arguments(tool: Tool, raw: Any) -> dict[str, Any] | Malformed:
                 value = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
             elif not isinstance(value, str):
                 value = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-        except (ValueError, OverflowError):
-            return Malformed(f"{tool.name}: input {name!r} must be {'an' if kind == 'integer' else 'a'} {kind}, "
+        except (ValueError, OverflowError, RecursionError):
+            article = "an" if kind in ("integer", "array", "object") else "a"
+            return Malformed(f"{tool.name}: input {name!r} must be {article} {kind}, "
                              f"got {_bounded(str(value), 30)!r}")
         out[name] = value
     return out
 
 
-_TAG = re.compile(r"<([a-z][a-z0-9_]*)>")
+TOOL_NAME = re.compile(r"[a-z][a-z0-9_]*")  # what a tagged call's tag can name
+_TAG = re.compile(rf"<({TOOL_NAME.pattern})>")
 
 
 def parse_turn(text: Any, tools: Mapping[str, Tool]) -> ToolCall | Answer | Malformed:
