@@ -235,7 +235,7 @@ class ESTrainer:
             config = dataset_config(data, self.train_rows, self.eval_rows, self.reward_funcs, a.reward_weights,
                                     a.success_threshold, self.environment_factory, a.max_tool_calling_iterations)
         except ConfigError as e:
-            raise ConfigError(f"ESConfig: {e}") from None
+            raise ConfigError(str(e).replace("config error:", "ESConfig:", 1)) from None
         assert isinstance(config, ESTrainConfig)
         return config
 

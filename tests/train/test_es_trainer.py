@@ -175,6 +175,8 @@ def test_a_model_object_is_saved_once_as_the_runs_base(tmp_path):
     (lambda o: args(o, population_size=5), "population_size 5 must be even"),
     (lambda o: args(o, learning_rate=-1), "learning_rate"),
     (lambda o: ESTrainer("tiny", torch.nn.Linear(1, 1), sums(), args=args(o)), "is a model"),
+    (lambda o: ESTrainer("tiny", digit_share, sums(), args=args(o, sigma=0.1, sigma_min=1.0)),
+     "ESConfig: es: sigma_min (1.0) must not exceed sigma"),
     (lambda o: args(o, num_generations=8), "num_generations is GRPOConfig's, not ES's: ES scores population_size"),
 ])
 def test_bad_arguments_give_one_line_errors(tmp_path, make, message):
