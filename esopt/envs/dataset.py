@@ -73,6 +73,30 @@ def score_completion(reward_funcs: Sequence[RewardFunc], weights: Sequence[float
     return total, values
 
 
+class RowScorer:
+    """What both dataset envs share: the row of a task seed (held-out seeds pick held-out rows, others row s mod N)
+    and a completion's weighted reward from the reward functions and the row's other columns."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], reward_funcs: Sequence[RewardFunc],
+                 reward_weights: Sequence[float] | None = None, heldout: Sequence[Mapping[str, Any]] = (),
+                 heldout_rows: Mapping[int, int] | None = None, success_threshold: float = 1.0) -> None:
+        check_rows(rows, "train_dataset")
+        if heldout_rows and not heldout:
+            raise ValueError("heldout_rows given without held-out rows")
+        weights = [1.0] * len(reward_funcs) if reward_weights is None else [float(w) for w in reward_weights]
+        if len(weights) != len(reward_funcs):
+            raise ValueError(f"{len(weights)} reward_weights for {len(reward_funcs)} reward functions")
+        self.rows, self.heldout, self.heldout_rows = rows, heldout, dict(heldout_rows or {})
+        self.reward_funcs, self.weights, self.success_threshold = list(reward_funcs), weights, success_threshold
+
+    def row(self, seed: int) -> Mapping[str, Any]:
+        return self.heldout[self.heldout_rows[seed]] if seed in self.heldout_rows else self.rows[seed % len(self.rows)]
+
+    def score(self, row: Mapping[str, Any], completion: Any, **extra: Any) -> tuple[float, dict[str, float | None]]:
+        columns = {k: v for k, v in row.items() if k != "prompt"}
+        return score_completion(self.reward_funcs, self.weights, row["prompt"], completion, {**columns, **extra})
+
+
 class PromptDatasetEnv(AgentEnv):
     """One turn: reset shows a row's prompt, step scores the completion with the reward functions and ends."""
 
@@ -82,27 +106,16 @@ class PromptDatasetEnv(AgentEnv):
     def __init__(self, rows: Sequence[Mapping[str, Any]], reward_funcs: Sequence[RewardFunc],
                  reward_weights: Sequence[float] | None = None, heldout: Sequence[Mapping[str, Any]] = (),
                  heldout_rows: Mapping[int, int] | None = None, success_threshold: float = 1.0) -> None:
-        check_rows(rows, "train_dataset")
-        if heldout_rows and not heldout:
-            raise ValueError("heldout_rows given without held-out rows")
         if not reward_funcs:
             raise ValueError("reward_funcs is empty: give at least one reward function")
-        weights = [1.0] * len(reward_funcs) if reward_weights is None else [float(w) for w in reward_weights]
-        if len(weights) != len(reward_funcs):
-            raise ValueError(f"{len(weights)} reward_weights for {len(reward_funcs)} reward functions")
-        self.rows, self.heldout, self.heldout_rows = rows, heldout, dict(heldout_rows or {})
-        self.reward_funcs, self.weights, self.success_threshold = list(reward_funcs), weights, success_threshold
+        self.scorer = RowScorer(rows, reward_funcs, reward_weights, heldout, heldout_rows, success_threshold)
         self.observation_space = FreeText(max_length=1_000_000)
         self.action_space = FreeText(max_length=1_000_000)
         self.row: Mapping[str, Any] = rows[0]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        s = int(seed or 0)
-        if s in self.heldout_rows:
-            self.row = self.heldout[self.heldout_rows[s]]
-        else:
-            self.row = self.rows[s % len(self.rows)]
+        self.row = self.scorer.row(int(seed or 0))
         prompt = self.row["prompt"]
         obs = prompt[-1]["content"] if is_conversational(prompt) else prompt
         return str(obs), {"prompt": prompt, "is_success": False, "action_is_valid": True}
@@ -110,8 +123,7 @@ class PromptDatasetEnv(AgentEnv):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         prompt = self.row["prompt"]
         completion = [{"role": "assistant", "content": action}] if is_conversational(prompt) else action
-        columns = {k: v for k, v in self.row.items() if k != "prompt"}
-        reward, values = score_completion(self.reward_funcs, self.weights, prompt, completion, columns)
-        info = {"is_success": reward >= self.success_threshold, "action_is_valid": True,
+        reward, values = self.scorer.score(self.row, completion)
+        info = {"is_success": reward >= self.scorer.success_threshold, "action_is_valid": True,
                 "shaped_reward": reward, "rewards": values}
         return "", reward, True, False, info

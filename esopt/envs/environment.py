@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from esopt.envs.dataset import RewardFunc, check_rows, is_conversational, score_completion
+from esopt.envs.dataset import RewardFunc, RowScorer, is_conversational
 from esopt.envs.tools.protocol import ANSWER_TAG, TOOL_NAME, Tool, describe_tools
 from esopt.envs.tools.react import ToolEnv
 
@@ -57,6 +57,16 @@ def environment_tools(cls: type) -> dict[str, dict[str, Any]]:
     return tools
 
 
+_TOOLS: dict[type, dict[str, dict[str, Any]]] = {}
+
+
+def _tools_of(cls: type) -> dict[str, dict[str, Any]]:
+    """`environment_tools`, once per class (an env is made per episode; its class's schema does not change)."""
+    if cls not in _TOOLS:
+        _TOOLS[cls] = environment_tools(cls)
+    return _TOOLS[cls]
+
+
 class EnvironmentToolEnv(ToolEnv):
     """Episodes over dataset rows (chat prompts), each with a fresh `factory()` environment whose public
     methods are the tools; scored at the end by the reward functions (and `get_reward`)."""
@@ -72,23 +82,17 @@ class EnvironmentToolEnv(ToolEnv):
                  heldout: Sequence[Mapping[str, Any]] = (), heldout_rows: Mapping[int, int] | None = None,
                  success_threshold: float = 1.0, max_turns: int = 6, call_format: str = "tagged",
                  observation_chars: int = 800) -> None:
-        check_rows(rows, "train_dataset")
-        if not all(is_conversational(r["prompt"]) for r in [*rows, *heldout]):
+        if not all(is_conversational(r.get("prompt")) for r in [*rows, *heldout] if isinstance(r, Mapping)):
             raise ValueError("environment_factory needs conversational prompts (lists of role/content messages), "
                              "as TRL's does")
         self.factory = factory
-        self.rows, self.heldout, self.heldout_rows = rows, heldout, dict(heldout_rows or {})
         cls = factory if isinstance(factory, type) else type(factory())
-        funcs = list(reward_funcs)
-        weights = [1.0] * len(funcs) if reward_weights is None else [float(w) for w in reward_weights]
-        if len(weights) != len(funcs):
-            raise ValueError(f"{len(weights)} reward_weights for {len(funcs)} reward functions")
+        self.scorer = RowScorer(rows, reward_funcs, reward_weights, heldout, heldout_rows, success_threshold)
         if callable(getattr(cls, "get_reward", None)):
-            funcs.append(self._get_reward_func(cls.__name__))
-            weights.append(1.0)
-        if not funcs:
+            self.scorer.reward_funcs.append(self._get_reward_func(cls.__name__))
+            self.scorer.weights.append(1.0)
+        if not self.scorer.reward_funcs:
             raise ValueError("no reward: give reward_funcs or an environment with get_reward()")
-        self.reward_funcs, self.weights, self.success_threshold = funcs, weights, success_threshold
         self._specs = _tools_of(cls)
         self.instance: Any = None
         self.row: Mapping[str, Any] = rows[0]
@@ -126,8 +130,7 @@ class EnvironmentToolEnv(ToolEnv):
         return observation, {**info, "prompt": messages}
 
     def _new_task(self, seed: int, options: Mapping[str, Any] | None) -> tuple[Any, str]:
-        self.row = self.heldout[self.heldout_rows[seed]] if seed in self.heldout_rows else \
-            self.rows[seed % len(self.rows)]
+        self.row = self.scorer.row(seed)
         self.instance = self.factory()
         self.transcript = []
         extra = self.instance.reset(**dict(self.row))
@@ -151,24 +154,11 @@ class EnvironmentToolEnv(ToolEnv):
         return out
 
     def _grade(self, answer: str) -> tuple[bool, float]:
-        self.rewards = {}
-        columns = {k: v for k, v in self.row.items() if k != "prompt"}
-        score, self.rewards = score_completion(self.reward_funcs, self.weights, self.row["prompt"],
-                                               list(self.transcript), {**columns, "environments": self.instance})
-        return score >= self.success_threshold, score
+        score, self.rewards = self.scorer.score(self.row, list(self.transcript), environments=self.instance)
+        return score >= self.scorer.success_threshold, score
 
     def _reward(self) -> float:
         return self._score if self._done else 0.0
 
 
 __all__ = ["EnvironmentToolEnv", "environment_tools"]
-
-
-_TOOLS: dict[type, dict[str, dict[str, Any]]] = {}
-
-
-def _tools_of(cls: type) -> dict[str, dict[str, Any]]:
-    """`environment_tools`, once per class (an env is made per episode; its class's schema does not change)."""
-    if cls not in _TOOLS:
-        _TOOLS[cls] = environment_tools(cls)
-    return _TOOLS[cls]

@@ -177,8 +177,7 @@ def dataset_config(data: dict[str, Any], train_rows: list[dict[str, Any]], eval_
                                       heldout, success_threshold, max_turns=turns)
         return PromptDatasetEnv(train_rows, reward_funcs, reward_weights, eval_rows, heldout, success_threshold)
 
-    if environment_factory is not None:
-        make()  # the environment's tools and rows are checked here, with a clear error, not in a worker
+    make()  # rows, reward weights and an environment's tools are checked here, with a clear error, not in a worker
 
     gymnasium.register(env_id, entry_point=make)
     return config
@@ -205,8 +204,6 @@ class ESTrainer:
         if (not funcs and environment_factory is None) or not all(callable(f) for f in funcs):
             raise ValueError("reward_funcs must be a callable or a list of callables (TRL's reward function "
                              "signature: f(prompts, completions, **columns) -> list[float | None])")
-        if self.args.reward_weights is not None and len(self.args.reward_weights) != len(funcs):
-            raise ValueError(f"{len(self.args.reward_weights)} reward_weights for {len(funcs)} reward functions")
         self.reward_funcs = funcs
         self.train_rows = _row_dicts(train_dataset, "train_dataset")
         self.eval_rows = _row_dicts(eval_dataset, "eval_dataset") if eval_dataset is not None else []
