@@ -113,6 +113,9 @@ class BaseTrainConfig(Section):
     measure_inference_peak: bool = Field(True, description="probe inference-only peak memory for the ratio")
     log_every: int = Field(1, ge=1, description="print the step's log line every k steps (metrics: every step)")
     tensorboard: bool = Field(True, description="also log metrics to TensorBoard (tb/ in the run dir)")
+    trackio_project: str | None = Field(
+        None, description="also log metrics to trackio under this project, one trackio run per run dir (local "
+                          "SQLite under TRACKIO_DIR, nothing leaves the machine; needs `pip install trackio`)")
 
     def with_resolved_dtype(self):
         """This config with model.dtype as "auto" resolves here, which a run dir records: auto is bf16 or fp32 by

@@ -24,9 +24,9 @@ write them with `**kwargs` (as TRL's docs advise).
 
 Under it is the same ES and the same run dir as `esopt train`: `history.jsonl` (the ledger: the weights rebuild
 exactly from the base model and it), checkpoints loadable with `AutoModelForCausalLM.from_pretrained`,
-`metrics.jsonl`, TensorBoard logs (`tb/`). The dataset and the reward functions are Python objects, so the env
-they make is registered in this process only (`esopt-local/...`): resume a run with
-`ESTrainer(...same arguments...).train(resume_from_checkpoint=True)`.
+`metrics.jsonl`, TensorBoard logs (`tb/`) and, with `report_to="trackio"`, a local trackio run. The dataset and
+the reward functions are Python objects, so the env they make is registered in this process only
+(`esopt-local/...`): resume a run with `ESTrainer(...same arguments...).train(resume_from_checkpoint=True)`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ GRPO_ONLY = {
     "scale_rewards": "rewards are shaped across the population (shaping: zscore, centered_rank, identity)",
     "use_vllm": "ES generates with esopt's engines (batched=True rolls out all members in one batch)",
     "gradient_checkpointing": "ES runs no backward pass",
+    "trackio_space_id": "trackio logs stay on this machine (no network at run time): `trackio show` views them",
 }
 
 
@@ -85,8 +86,10 @@ class ESConfig(BaseModel):
     eval_steps: int = Field(0, ge=0, description="evaluate on eval_dataset every k generations (0: before and after)")
     seed: int = 0
     reward_weights: list[float] | None = Field(None, description="one weight per reward function (default 1 each)")
-    report_to: Literal["tensorboard", "none"] | list[Literal["tensorboard"]] = Field(
-        "tensorboard", description="tensorboard: tb/ in the run dir; none or []: metrics.jsonl only (always written)")
+    report_to: Literal["tensorboard", "trackio", "none"] | list[Literal["tensorboard", "trackio"]] = Field(
+        "tensorboard", description="tensorboard: tb/ in the run dir; trackio: a local trackio run (needs trackio); "
+                                   "none or []: metrics.jsonl only (always written)")
+    project: str = Field("huggingface", min_length=1, description="the trackio project (report_to trackio)")
     bf16: bool = Field(False, description="bfloat16 weights (pays only on hardware with native bf16)")
     # --- ES's own ------------------------------------------------------------------------------------------
     population_size: int = Field(16, ge=2, description="G: perturbed members per generation")
@@ -219,6 +222,7 @@ class ESTrainer:
             "algo": "es", "seed": a.seed, "steps": a.max_steps, "checkpoint_every": a.save_steps,
             "keep_checkpoints": a.save_total_limit, "max_batch_size": a.max_batch_size,
             "measure_inference_peak": False, "log_every": a.logging_steps, "tensorboard": "tensorboard" in reporting,
+            "trackio_project": a.project if "trackio" in reporting else None,
             "model": {"name": model_name, "dtype": "bfloat16" if a.bf16 else "float32", "device": a.device},
             "sampling": {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
                          "max_new_tokens": a.max_completion_length},

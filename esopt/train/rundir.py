@@ -3,13 +3,14 @@ summary.json. Every file name of a run is spelled here and nowhere else."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import time
 from pathlib import Path
 
 from esopt.engines.base import Engine
-from esopt.train.config import BaseTrainConfig, dump_config
+from esopt.train.config import BaseTrainConfig, ConfigError, dump_config
 from esopt.utils.io import save_pretrained_atomic, write_json_atomic, write_text_atomic
 
 
@@ -27,6 +28,8 @@ class RunDir:
         self.plots = self.root / "plots"
         self._tb = None
         self.tensorboard = True
+        self.trackio_project: str | None = None
+        self._trackio = None  # the trackio module once its run is open
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -38,6 +41,11 @@ class RunDir:
     def write_config(self, config: BaseTrainConfig) -> None:
         dump_config(config.with_resolved_dtype(), self.config_path)
         self.tensorboard = config.tensorboard
+        self.trackio_project = config.trackio_project
+        self._config = config.model_dump(mode="json")
+        if self.trackio_project and importlib.util.find_spec("trackio") is None:
+            raise ConfigError(f"trackio_project {self.trackio_project!r}: trackio is not installed "
+                              "(pip install trackio, or pip install 'agentic-esopt[trl]')")
 
     @property
     def tb(self):
@@ -47,16 +55,28 @@ class RunDir:
             self._tb = SummaryWriter(str(self.root / "tb"))
         return self._tb
 
+    def _trackio_run(self):
+        """trackio, its run opened on first use: named after the run dir, resumed (not duplicated) by a resume."""
+        if self._trackio is None:
+            import trackio
+
+            trackio.init(project=self.trackio_project, name=self.root.resolve().name, config=self._config,
+                         resume="allow", embed=False, auto_log_cpu=False, auto_log_gpu=False)
+            self._trackio = trackio
+        return self._trackio
+
     def log(self, step: int, kind: str, values: dict) -> None:
         row = {"step": step, "kind": kind, "time": time.time(), **values}
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
-        if not self.tensorboard:
-            return
-        for k, v in values.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                self.tb.add_scalar(f"{kind}/{k}", v, step)
-        self.tb.flush()
+        scalars = {f"{kind}/{k}": v for k, v in values.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.tensorboard:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self.trackio_project and scalars:
+            self._trackio_run().log(scalars, step=step)
 
     def metrics(self) -> list[dict]:
         if not self.metrics_path.exists():
@@ -110,6 +130,9 @@ class RunDir:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._trackio is not None:
+            self._trackio.finish()
+            self._trackio = None
 
 
 def read_summary(rd: RunDir) -> dict | None:

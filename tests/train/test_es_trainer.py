@@ -398,3 +398,59 @@ def test_a_tool_using_episode_runs_turn_by_turn_with_its_history():
     assert [t.text for t in traj.turns] == ["<add>1</add>"] * 3 + ["done"]
     assert traj.success and traj.reward == 1.0 and traj.turns[-1].terminated
     assert policy.prompts[2].count("assistant:<add>1</add>") == 2 and "user:Observation: total 2" in policy.prompts[2]
+
+
+TRACKIO_RUN = """
+import json, sys
+import datasets
+from esopt import ESConfig, ESTrainer
+from trackio.sqlite_storage import SQLiteStorage
+rows = [{"prompt": f"{i % 4}+{i // 4}=", "answer": str(i % 4 + i // 4)} for i in range(8)]
+def digit_share(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+out = sys.argv[1]
+ESTrainer("tiny", digit_share, datasets.Dataset.from_list(rows), args=ESConfig(
+    output_dir=out, max_steps=2, population_size=4, prompts_per_member=2, max_completion_length=4, sigma=0.05,
+    sigma_min=0.01, learning_rate=0.02, report_to=["trackio"], project="esopt-test", seed=3)).train(progress=False)
+print(json.dumps({"runs": SQLiteStorage.get_runs("esopt-test"), "logs": SQLiteStorage.get_logs("esopt-test", "run")},
+                 default=str))
+"""
+
+
+def test_report_to_trackio_logs_every_metric_to_a_local_trackio_run(tmp_path):
+    """TRL's default logger: the run's scalars go to a trackio run named after the run dir, in TRACKIO_DIR."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("trackio")
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}  # read when trackio is imported: a child
+    done = subprocess.run([sys.executable, "-c", TRACKIO_RUN, str(tmp_path / "run")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["runs"] == ["run"]
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in metrics if r["kind"] == "train"}
+    logged = {r["step"]: r for r in got["logs"] if "train/reward_mean" in r}
+    assert sorted(logged) == sorted(train) == [1, 2]
+    for step, row in train.items():
+        assert logged[step]["train/reward_mean"] == pytest.approx(row["reward_mean"], rel=0, abs=0)
+        assert logged[step]["train/sigma"] == row["sigma"]
+    evals = {r["step"]: r["success_rate"] for r in metrics if r["kind"] == "eval"}
+    assert {r["step"]: r["eval/success_rate"] for r in got["logs"] if "eval/success_rate" in r} == evals
+    assert sorted(evals) == [0, 2]
+    assert (tmp_path / "trackio").is_dir() and not (tmp_path / "run" / "tb").exists()
+
+
+def test_report_to_trackio_without_trackio_says_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a))
+    trainer = ESTrainer("tiny", digit_share, sums(), args=args(tmp_path / "run", report_to="trackio"))
+    with pytest.raises(ConfigError, match="trackio is not installed") as e:
+        trainer.train(progress=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match="trackio logs stay on this machine"):
+        args(tmp_path, trackio_space_id="me/space")
