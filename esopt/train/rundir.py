@@ -29,6 +29,7 @@ class RunDir:
         self._tb = None
         self.tensorboard = True
         self.trackio_project: str | None = None
+        self._config: BaseTrainConfig | None = None
         self._trackio = None  # the trackio module once its run is open
 
     def create(self) -> None:
@@ -42,7 +43,7 @@ class RunDir:
         dump_config(config.with_resolved_dtype(), self.config_path)
         self.tensorboard = config.tensorboard
         self.trackio_project = config.trackio_project
-        self._config = config.model_dump(mode="json")
+        self._config = config
         if self.trackio_project and importlib.util.find_spec("trackio") is None:
             raise ConfigError(f"trackio_project {self.trackio_project!r}: trackio is not installed "
                               "(pip install trackio, or pip install 'agentic-esopt[trl]')")
@@ -60,7 +61,8 @@ class RunDir:
         if self._trackio is None:
             import trackio
 
-            trackio.init(project=self.trackio_project, name=self.root.resolve().name, config=self._config,
+            trackio.init(project=self.trackio_project, name=self.root.resolve().name,
+                         config=self._config.model_dump(mode="json") if self._config is not None else None,
                          resume="allow", embed=False, auto_log_cpu=False, auto_log_gpu=False)
             self._trackio = trackio
         return self._trackio
