@@ -185,13 +185,13 @@ def report(a: argparse.Namespace, results: dict, scores: dict) -> str:
     lines = [
         "# TRL's GRPOTrainer vs esopt's ESTrainer (and esopt's GRPO), one script", "",
         f"Command: `python examples/trl_swap.py {' '.join(a.argv)}`", "",
-        f"Model `{a.model}` (fp32); reasoning-gym basic_arithmetic, {a.train_rows} train rows, {n} test rows "
+        f"Model `{a.model}` (fp32); reasoning-gym basic_arithmetic, {a.train_rows} train rows, {n} {a.split} rows "
         f"(other seeds; rows seen in training dropped); {a.steps} steps each; GRPO {a.prompts} prompts x "
         f"{a.group} completions per step, lr {a.lr}, no KL; ES {es_members(a)} members x {a.prompts} prompts, "
         f"sigma {a.sigma} -> {a.sigma / 2}, alpha {a.es_lr} (budget: {a.budget}); sampling T={a.temperature}, "
-        f"max {a.max_tokens} new tokens; test: greedy, success = `correct`. CPU: {cpu_name()}, {a.threads} "
+        f"max {a.max_tokens} new tokens; scored greedy, success = `correct`. CPU: {cpu_name()}, {a.threads} "
         "torch thread(s) per trainer.", "",
-        "| model | test success | vs base [95%] | McNemar p | s / step | peak RSS |",
+        f"| model | {a.split} success | vs base [95%] | McNemar p | s / step | peak RSS |",
         "|---|---|---|---|---|---|",
         f"| base | {sum(base) / n:.3f} | | | | |",
     ]
@@ -220,6 +220,50 @@ def cpu_name() -> str:
     return "unknown"
 
 
+def eval_rows(a: argparse.Namespace) -> list[dict]:
+    """The split's rows from its own seeds, without any row seen in training (and, for test, in validation):
+    settings are chosen on validation, reported on test."""
+    key = lambda r: json.dumps(r["prompt"])  # noqa: E731
+    seen = {key(r) for r in arithmetic_rows(a.train_rows, seed=a.seed)}
+    validation = [r for r in arithmetic_rows(a.test_rows, seed=20_000 + a.seed) if key(r) not in seen]
+    if a.split == "validation":
+        return validation
+    seen |= {key(r) for r in validation}
+    return [r for r in arithmetic_rows(a.test_rows, seed=10_000 + a.seed) if key(r) not in seen]
+
+
+def pool(outs: list[str]) -> str:
+    """One table over several runs of this script (e.g. seeds): each run's rows, then all runs' tasks pooled
+    into one paired interval per trainer."""
+    from esopt.utils.stats import mcnemar_p, paired_difference
+
+    runs = [json.loads((Path(o) / "results.json").read_text()) for o in outs]
+    names = [n for n in TRAINERS if all(n in r["scores"] for r in runs)]
+    lines = ["| run | trainer | success | vs base [95%] | s / step | peak RSS |", "|---|---|---|---|---|---|"]
+    for out, r in zip(outs, runs):
+        base = r["scores"]["base"]
+        lines.append(f"| {out} | base | {sum(base) / len(base):.3f} | | | |")
+        for n in names:
+            d = paired_difference(base, r["scores"][n], tasks=len(base))
+            lines.append(f"| {out} | {n} | {sum(r['scores'][n]) / len(base):.3f} | {d.mean:+.3f} [{d.low:+.3f}, "
+                         f"{d.high:+.3f}] | {r['results'][n]['seconds_per_step']:.1f} | "
+                         f"{r['results'][n]['peak_rss_bytes'] / 2**20:.0f} MiB |")
+    base = [x for r in runs for x in r["scores"]["base"]]
+    lines += ["", f"Pooled over {len(runs)} runs ({len(base)} tasks, paired within each run):", "",
+              "| trainer | success | vs base [95%] | McNemar p |", "|---|---|---|---|",
+              f"| base | {sum(base) / len(base):.3f} | | |"]
+    pooled = {n: [x for r in runs for x in r["scores"][n]] for n in names}
+    for n, got in pooled.items():
+        d = paired_difference(base, got, tasks=len(base))
+        lines.append(f"| {n} | {sum(got) / len(got):.3f} | {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] | "
+                     f"{mcnemar_p(base, got):.3g} |")
+    if "trl-grpo" in pooled and "esopt-grpo" in pooled:
+        d = paired_difference(pooled["trl-grpo"], pooled["esopt-grpo"], tasks=len(base))
+        lines += ["", f"esopt's GRPO - TRL's GRPO, pooled: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] (McNemar p "
+                      f"{mcnemar_p(pooled['trl-grpo'], pooled['esopt-grpo']):.3g})."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny", help="tiny (a random tiny Llama: smoke only), smollm2, or a HF dir")
@@ -237,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-rows", type=int, default=512)
     p.add_argument("--test-rows", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", choices=["test", "validation"], default="test",
+                   help="rows the trainers are scored on: tune on validation, report on test (disjoint seeds)")
+    p.add_argument("--pool", nargs="+", metavar="OUT", help="only print one table over these finished --out dirs")
     p.add_argument("--threads", type=int, default=1, help="torch threads per trainer process")
     p.add_argument("--out", default="runs/trl_swap")
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 steps, 8 test rows")
@@ -245,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     a.argv = argv
+    if a.pool:
+        print(pool(a.pool))
+        return 0
     if a.smoke:
         a.model, a.steps, a.test_rows, a.train_rows, a.group, a.population = "tiny", 2, 8, 16, 2, 2
         a.prompts, a.max_tokens = 2, 4
@@ -261,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, __file__, *argv, "--train-only", name, "--model-dir", model_dir],
                        check=True, env=env)
         results[name] = json.loads((Path(a.out) / name / "result.json").read_text())
-    seen = {json.dumps(r["prompt"]) for r in arithmetic_rows(a.train_rows, seed=a.seed)}
-    test = [r for r in arithmetic_rows(a.test_rows, seed=10_000 + a.seed) if json.dumps(r["prompt"]) not in seen]
+    test = eval_rows(a)
     scores = {"base": evaluate(model_dir, test, a.max_tokens)}
     for name in a.trainers:
         scores[name] = evaluate(results[name]["final"], test, a.max_tokens)

@@ -211,6 +211,48 @@ def test_the_trl_swap_example_runs_both_trainers_from_one_script_at_its_smoke_si
     assert all(f"| {name} |" in table for name in ("base", "trl-grpo", "es", "esopt-grpo"))
 
 
+def _trl_swap():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "trl_swap.py"
+    spec = importlib.util.spec_from_file_location("trl_swap", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trl_swap_tunes_on_validation_rows_and_reports_on_disjoint_test_rows():
+    import argparse
+
+    pytest.importorskip("reasoning_gym")
+    swap = _trl_swap()
+    a = argparse.Namespace(train_rows=64, test_rows=64, seed=1, split="validation")
+    key = lambda r: json.dumps(r["prompt"])  # noqa: E731
+    train = {key(r) for r in swap.arithmetic_rows(64, seed=1)}
+    validation = swap.eval_rows(a)
+    test = swap.eval_rows(argparse.Namespace(**{**vars(a), "split": "test"}))
+    assert len(validation) > 32 and len(test) > 32
+    held = {key(r) for r in validation}
+    assert not held & train and not {key(r) for r in test} & (train | held)
+
+
+def test_trl_swap_pools_runs_into_one_paired_table(tmp_path):
+    swap = _trl_swap()
+    outs = []
+    for i, (base, es) in enumerate([([0, 0, 1, 0], [1, 0, 1, 0]), ([0, 1, 0, 0], [1, 1, 1, 0])]):
+        out = tmp_path / f"s{i}"
+        out.mkdir()
+        (out / "results.json").write_text(json.dumps({
+            "scores": {"base": base, "es": es},
+            "results": {"es": {"seconds_per_step": 2.0, "peak_rss_bytes": 2**30}}}))
+        outs.append(str(out))
+    table = swap.pool(outs)
+    assert "Pooled over 2 runs (8 tasks" in table
+    assert "| es | 0.625 | +0.375 [" in table  # 5/8 after vs 2/8 before, paired over the 8 tasks
+    assert "trl-grpo" not in table  # a trainer missing from a run is not pooled
+
+
 # --- TRL's environment_factory: multi-turn tool use with the same environment class ----------------------------
 
 class Counter:
