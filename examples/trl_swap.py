@@ -177,8 +177,26 @@ def evaluate(model_dir: str, rows: list[dict], max_tokens: int) -> list[int]:
     return [int(t.success) for t in trajectories]
 
 
+def change(before: list[int], after: list[int]) -> str:
+    """after - before, paired over tasks: mean [95% bootstrap interval]."""
+    from esopt.utils.stats import paired_difference
+
+    d = paired_difference(before, after, tasks=len(before))
+    return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+
+
+def grpo_gap(scores: dict, label: str) -> list[str]:
+    """esopt's GRPO against TRL's on the same tasks, where both ran."""
+    from esopt.utils.stats import mcnemar_p
+
+    if "trl-grpo" not in scores or "esopt-grpo" not in scores:
+        return []
+    return ["", f"esopt's GRPO - TRL's GRPO{label}: {change(scores['trl-grpo'], scores['esopt-grpo'])} "
+                f"(McNemar p {mcnemar_p(scores['trl-grpo'], scores['esopt-grpo']):.3g})."]
+
+
 def report(a: argparse.Namespace, results: dict, scores: dict) -> str:
-    from esopt.utils.stats import mcnemar_p, paired_difference
+    from esopt.utils.stats import mcnemar_p
 
     base = scores["base"]
     n = len(base)
@@ -198,16 +216,11 @@ def report(a: argparse.Namespace, results: dict, scores: dict) -> str:
     for name in TRAINERS:
         if name not in scores:
             continue
-        d = paired_difference(base, scores[name], tasks=n)
         r = results[name]
-        lines.append(f"| {name} | {sum(scores[name]) / n:.3f} | {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] | "
+        lines.append(f"| {name} | {sum(scores[name]) / n:.3f} | {change(base, scores[name])} | "
                      f"{mcnemar_p(base, scores[name]):.3g} | {r['seconds_per_step']:.1f} | "
                      f"{r['peak_rss_bytes'] / 2**20:.0f} MiB |")
-    if "trl-grpo" in scores and "esopt-grpo" in scores:
-        d = paired_difference(scores["trl-grpo"], scores["esopt-grpo"], tasks=n)
-        lines += ["", f"esopt's GRPO - TRL's GRPO: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] "
-                      f"(McNemar p {mcnemar_p(scores['trl-grpo'], scores['esopt-grpo']):.3g})."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + grpo_gap(scores, "")) + "\n"
 
 
 def cpu_name() -> str:
@@ -235,7 +248,7 @@ def eval_rows(a: argparse.Namespace) -> list[dict]:
 def pool(outs: list[str]) -> str:
     """One table over several runs of this script (e.g. seeds): each run's rows, then all runs' tasks pooled
     into one paired interval per trainer."""
-    from esopt.utils.stats import mcnemar_p, paired_difference
+    from esopt.utils.stats import mcnemar_p
 
     runs = [json.loads((Path(o) / "results.json").read_text()) for o in outs]
     names = [n for n in TRAINERS if all(n in r["scores"] for r in runs)]
@@ -244,9 +257,8 @@ def pool(outs: list[str]) -> str:
         base = r["scores"]["base"]
         lines.append(f"| {out} | base | {sum(base) / len(base):.3f} | | | |")
         for n in names:
-            d = paired_difference(base, r["scores"][n], tasks=len(base))
-            lines.append(f"| {out} | {n} | {sum(r['scores'][n]) / len(base):.3f} | {d.mean:+.3f} [{d.low:+.3f}, "
-                         f"{d.high:+.3f}] | {r['results'][n]['seconds_per_step']:.1f} | "
+            lines.append(f"| {out} | {n} | {sum(r['scores'][n]) / len(base):.3f} | {change(base, r['scores'][n])} | "
+                         f"{r['results'][n]['seconds_per_step']:.1f} | "
                          f"{r['results'][n]['peak_rss_bytes'] / 2**20:.0f} MiB |")
     base = [x for r in runs for x in r["scores"]["base"]]
     lines += ["", f"Pooled over {len(runs)} runs ({len(base)} tasks, paired within each run):", "",
@@ -254,14 +266,8 @@ def pool(outs: list[str]) -> str:
               f"| base | {sum(base) / len(base):.3f} | | |"]
     pooled = {n: [x for r in runs for x in r["scores"][n]] for n in names}
     for n, got in pooled.items():
-        d = paired_difference(base, got, tasks=len(base))
-        lines.append(f"| {n} | {sum(got) / len(got):.3f} | {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] | "
-                     f"{mcnemar_p(base, got):.3g} |")
-    if "trl-grpo" in pooled and "esopt-grpo" in pooled:
-        d = paired_difference(pooled["trl-grpo"], pooled["esopt-grpo"], tasks=len(base))
-        lines += ["", f"esopt's GRPO - TRL's GRPO, pooled: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}] (McNemar p "
-                      f"{mcnemar_p(pooled['trl-grpo'], pooled['esopt-grpo']):.3g})."]
-    return "\n".join(lines) + "\n"
+        lines.append(f"| {n} | {sum(got) / len(got):.3f} | {change(base, got)} | {mcnemar_p(base, got):.3g} |")
+    return "\n".join(lines + grpo_gap(pooled, ", pooled")) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

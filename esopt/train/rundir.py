@@ -28,8 +28,7 @@ class RunDir:
         self.plots = self.root / "plots"
         self._tb = None
         self.tensorboard = True
-        self.trackio_project: str | None = None
-        self._config: BaseTrainConfig | None = None
+        self._config: BaseTrainConfig | None = None  # the run's config once written (trackio's run gets it)
         self._trackio = None  # the trackio module once its run is open
 
     def create(self) -> None:
@@ -42,7 +41,6 @@ class RunDir:
     def write_config(self, config: BaseTrainConfig) -> None:
         dump_config(config.with_resolved_dtype(), self.config_path)
         self.tensorboard = config.tensorboard
-        self.trackio_project = config.trackio_project
         self._config = config
         if self.trackio_project and importlib.util.find_spec("trackio") is None:
             raise ConfigError(f"trackio_project {self.trackio_project!r}: trackio is not installed "
@@ -56,13 +54,18 @@ class RunDir:
             self._tb = SummaryWriter(str(self.root / "tb"))
         return self._tb
 
+    @property
+    def trackio_project(self) -> str | None:
+        return self._config.trackio_project if self._config is not None else None
+
     def _trackio_run(self):
         """trackio, its run opened on first use: named after the run dir, resumed (not duplicated) by a resume."""
         if self._trackio is None:
             import trackio
 
+            assert self._config is not None  # trackio_project comes from it
             trackio.init(project=self.trackio_project, name=self.root.resolve().name,
-                         config=self._config.model_dump(mode="json") if self._config is not None else None,
+                         config=self._config.model_dump(mode="json"),
                          resume="allow", embed=False, auto_log_cpu=False, auto_log_gpu=False)
             self._trackio = trackio
         return self._trackio
