@@ -85,7 +85,8 @@ def make_trainer(name: str, a: argparse.Namespace, model_dir: str, train_ds, out
     from esopt import ESConfig, ESTrainer
 
     args = ESConfig(**shared, population_size=es_members(a), prompts_per_member=a.prompts, sigma=a.sigma,
-                    sigma_min=a.sigma / 2, save_steps=a.steps, report_to="none", success_threshold=1.0)
+                    sigma_min=a.sigma / 2, noise=a.es_noise, batched=a.batched, save_steps=a.steps,
+                    report_to="none", success_threshold=1.0)
     return ESTrainer(model=model_dir, reward_funcs=REWARD_FUNCS, train_dataset=train_ds, args=args)
 
 
@@ -206,7 +207,8 @@ def report(a: argparse.Namespace, results: dict, scores: dict) -> str:
         f"Model `{a.model}` (fp32); reasoning-gym basic_arithmetic, {a.train_rows} train rows, {n} {a.split} rows "
         f"(other seeds; rows seen in training dropped); {a.steps} steps each; GRPO {a.prompts} prompts x "
         f"{a.group} completions per step, lr {a.lr}, no KL; ES {es_members(a)} members x {a.prompts} prompts, "
-        f"sigma {a.sigma} -> {a.sigma / 2}, alpha {a.es_lr} (budget: {a.budget}); sampling T={a.temperature}, "
+        f"sigma {a.sigma} -> {a.sigma / 2}, alpha {a.es_lr}, {a.es_noise} noise{', batched' if a.batched else ''} "
+        f"(budget: {a.budget}); sampling T={a.temperature}, "
         f"max {a.max_tokens} new tokens; scored greedy, success = `correct`. CPU: {cpu_name()}, {a.threads} "
         "torch thread(s) per trainer.", "",
         f"| model | {a.split} success | vs base [95%] | McNemar p | s / step | peak RSS |",
@@ -282,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-5, help="both GRPOs' AdamW learning rate")
     p.add_argument("--es-lr", type=float, default=4e-3, help="ES step size alpha")
     p.add_argument("--sigma", type=float, default=8e-3, help="ES noise scale (cosine to half of it)")
+    p.add_argument("--es-noise", choices=["normal", "lowrank"], default="normal",
+                   help="ES noise: dense Gaussian, or rank-1 (EGGROLL), which --batched needs")
+    p.add_argument("--batched", action="store_true",
+                   help="ES: every member's completions in one generate call (with --es-noise lowrank one "
+                        "model serves all; with normal noise each member gets a copy)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--train-rows", type=int, default=512)

@@ -211,6 +211,28 @@ def test_the_trl_swap_example_runs_both_trainers_from_one_script_at_its_smoke_si
     assert all(f"| {name} |" in table for name in ("base", "trl-grpo", "es", "esopt-grpo"))
 
 
+@pytest.mark.slow
+def test_trl_swap_runs_es_batched_with_lowrank_noise(tmp_path):
+    """--es-noise lowrank --batched reaches ESTrainer: its run dir records both, it trains its steps, and the
+    report says which ES it was."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from esopt.train.config import load_config
+
+    pytest.importorskip("reasoning_gym")
+    script = Path(__file__).resolve().parents[2] / "examples" / "trl_swap.py"
+    out = tmp_path / "swap"
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(script), "--smoke", "--trainers", "es", "--es-noise", "lowrank",
+                    "--batched", "--out", str(out)], check=True, env=env, capture_output=True, timeout=600)
+    es = load_config(out / "es" / "config.yaml").es
+    assert (es.noise, es.batched) == ("lowrank", True)
+    assert len(read_history(out / "es" / "history.jsonl")) == 2
+    assert "lowrank noise, batched" in (out / "trl_side_by_side.md").read_text()
+
+
 def _trl_swap():
     import importlib.util
     from pathlib import Path
