@@ -185,20 +185,27 @@ def test_bad_arguments_give_one_line_errors(tmp_path, make, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.slow
-def test_the_trl_swap_example_runs_both_trainers_from_one_script_at_its_smoke_size(tmp_path):
-    """examples/trl_swap.py --smoke: TRL's GRPOTrainer, ESTrainer and esopt's GRPO, each in its own process on the
-    same tiny model and rows, then the same greedy test eval; every trainer wrote a model the eval loaded."""
+def _run_trl_swap(out, *flags):
+    """examples/trl_swap.py --smoke FLAGS in a child process (one torch thread); its --out dir."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
-    pytest.importorskip("trl")
     script = Path(__file__).resolve().parents[2] / "examples" / "trl_swap.py"
-    out = tmp_path / "swap"
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out)], check=True, env=env,
-                   capture_output=True, timeout=600)
+    subprocess.run([sys.executable, str(script), "--smoke", *flags, "--out", str(out)], check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+    return out
+
+
+@pytest.mark.slow
+def test_the_trl_swap_example_runs_both_trainers_from_one_script_at_its_smoke_size(tmp_path):
+    """examples/trl_swap.py --smoke: TRL's GRPOTrainer, ESTrainer and esopt's GRPO, each in its own process on the
+    same tiny model and rows, then the same greedy test eval; every trainer wrote a model the eval loaded."""
+    from pathlib import Path
+
+    pytest.importorskip("trl")
+    out = _run_trl_swap(tmp_path / "swap")
     results = json.loads((out / "results.json").read_text())
     assert set(results["scores"]) == {"base", "trl-grpo", "es", "esopt-grpo"}
     assert len({len(v) for v in results["scores"].values()}) == 1  # every model scored on the same rows
@@ -215,18 +222,11 @@ def test_the_trl_swap_example_runs_both_trainers_from_one_script_at_its_smoke_si
 def test_trl_swap_runs_es_batched_with_lowrank_noise(tmp_path):
     """--es-noise lowrank --batched reaches ESTrainer: its run dir records both, it trains its steps, and the
     report says which ES it was."""
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from esopt.train.config import load_config
 
     pytest.importorskip("reasoning_gym")
-    script = Path(__file__).resolve().parents[2] / "examples" / "trl_swap.py"
-    out = tmp_path / "swap"
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(script), "--smoke", "--trainers", "es", "--es-noise", "lowrank",
-                    "--batched", "--out", str(out)], check=True, env=env, capture_output=True, timeout=600)
+    out = _run_trl_swap(tmp_path / "swap", "--trainers", "es", "--es-noise", "lowrank", "--batched")
     es = load_config(out / "es" / "config.yaml").es
     assert (es.noise, es.batched) == ("lowrank", True)
     assert len(read_history(out / "es" / "history.jsonl")) == 2
