@@ -80,7 +80,8 @@ class Plan:
     curve_every: int = 0  # learning curve: validation success every k steps (0: off)
     curve_tasks: int = 32  # validation tasks per learning-curve eval
     # episodes: every method rolls out M episodes per step. flops: ES gets the episodes that cost what one GRPO
-    # step's passes cost (Table 2's factors, `matched_flops_scale`): members x scale, the same tasks per member
+    # step's passes cost (Table 2's factors, `matched_flops_scale`): members x scale, the same tasks per member;
+    # PPO the episodes that cost what ES's cost (`matched_episodes`)
     budget: str = "episodes"
 
     def check(self) -> None:
@@ -131,10 +132,15 @@ def run_name(method: str, h_star: int, seed: int) -> str:
     return f"{method}_h{h_star}_s{seed}"
 
 
-def pg_flops_per_token(section) -> float:
-    """Model FLOPs per token and parameter of one GRPO/PPO step's policy passes (Table 2's factor): the
-    rollout's forward (2), forward and backward per epoch (6 each), the frozen KL reference (2)."""
-    return 2.0 + 6.0 * section.epochs + (2.0 if section.kl_beta > 0 else 0.0)
+def pg_pass_factors(algo: str, section, reused: bool = False) -> tuple[float, float]:
+    """Model FLOPs per token and parameter of one GRPO/PPO step's passes (Table 2's factors), as (policy, critic).
+    The policy: the rollout's forward (2), forward and backward per epoch (6 each), forward for the old
+    log-probs when samples are reused (2: several epochs or minibatches; PPO always), the frozen KL reference
+    (2). PPO's critic reads every prompt for the old values (2) and trains on it (6 per epoch)."""
+    ppo = algo == "ppo"
+    reused = reused or ppo or section.epochs > 1
+    policy = 2.0 + 6.0 * section.epochs + 2.0 * reused + (2.0 if section.kl_beta > 0 else 0.0)
+    return policy, (2.0 + 6.0 * section.epochs if ppo else 0.0)
 
 
 def matched_flops_scale(plan: Plan) -> int:
@@ -143,15 +149,29 @@ def matched_flops_scale(plan: Plan) -> int:
     if plan.budget == "episodes":
         return 1
     grpo = run_config(replace(plan, budget="episodes"), "grpo", plan.h_stars[0], plan.seeds[0]).grpo
-    return max(1, round(pg_flops_per_token(grpo) / 2.0))
+    return max(1, round(pg_pass_factors("grpo", grpo)[0] / 2.0))
+
+
+def matched_episodes(plan: Plan, method: str) -> int:
+    """Training episodes per step of `method` at the plan's budget. At matched FLOPs ES rolls out GRPO's
+    episodes x `matched_flops_scale`, and PPO, whose step costs more than GRPO's (old log-probs always, a
+    critic), gets the episodes whose passes cost what ES's rollouts cost: ES's episodes x 2 / PPO's factor,
+    the critic counted on every token (it reads only prompts, ~97% of a Sudoku step's tokens)."""
+    m = plan.episodes_per_step
+    if plan.budget == "episodes" or method == "grpo":
+        return m
+    es = m * matched_flops_scale(plan)
+    if method == "es":
+        return es
+    ppo = run_config(replace(plan, budget="episodes"), "ppo", plan.h_stars[0], plan.seeds[0]).ppo
+    return max(1, round(2.0 * es / sum(pg_pass_factors("ppo", ppo))))
 
 
 def run_config(plan: Plan, method: str, h_star: int, seed: int):
     """The full training config of one run (validated), with the plan's matched budget."""
     from esopt.train.config import build_config
 
-    m = plan.episodes_per_step
-    scale = matched_flops_scale(plan) if method == "es" else 1
+    m, matched = plan.episodes_per_step, matched_episodes(plan, method)
     data = {
         "algo": method, "seed": seed, "steps": plan.steps,
         "model": {"name": plan.model, **({"warm_start_steps": plan.warm_start_steps}
@@ -166,17 +186,17 @@ def run_config(plan: Plan, method: str, h_star: int, seed: int):
     }
     section = {**HPARAMS[method], "reward": plan.reward}
     if method == "es":
-        section.update(population_size=plan.population * scale, tasks_per_member=m // plan.population)
+        section.update(population_size=plan.population * matched // m, tasks_per_member=m // plan.population)
     elif method == "grpo":
         section.update(tasks_per_step=m // plan.group_size, group_size=plan.group_size)
     else:
-        section.update(tasks_per_step=m)
+        section.update(tasks_per_step=matched)
     data[method] = section
     mine = [o for o in plan.overrides if o.split(".", 1)[0] not in METHODS or o.split(".", 1)[0] == method]
     config = build_config(data, mine)
-    if config.episodes_per_step != m * scale:
+    if config.episodes_per_step != matched:
         raise ValueError(f"--set {mine} gives {method} {config.episodes_per_step} episodes per step, not the "
-                         f"matched {m * scale}: change --episodes-per-step, --population or --group-size instead")
+                         f"matched {matched}: change --episodes-per-step, --population or --group-size instead")
     return config
 
 
@@ -216,19 +236,13 @@ class RunResult:
 
 def step_flops(config, row: dict, parameters: float) -> float:
     """Estimated model FLOPs of one training step from its token counts, with no credit for shared-prefix reuse
-    (an upper estimate for every method alike). Per token and parameter: 2 for the rollout's forward pass; a
-    policy-gradient update re-runs every turn's prompt and reply, forward and backward (6 per epoch), forward
-    for the old log-probs when samples are reused (2: several epochs or minibatches; PPO always) and through
-    the frozen KL reference (2); PPO's critic reads every prompt for the old values (2) and trains on it (6 per
-    epoch). NaN when the row lacks the token counts."""
+    (an upper estimate for every method alike): 2 per token and parameter for ES's rollout, `pg_pass_factors`
+    for GRPO/PPO (the critic's on prompt tokens only). NaN when the row lacks the token counts."""
     prompt, generated = row.get("prompt_tokens", math.nan), row.get("generated_tokens", math.nan)
     if config.algo == "es":
         return 2.0 * parameters * (prompt + generated)
     section = getattr(config, config.algo)
-    ppo = config.algo == "ppo"
-    reused = ppo or section.epochs > 1 or row.get("samples", 0) > section.minibatch_size
-    policy = 2.0 + 6.0 * section.epochs + 2.0 * reused + (2.0 if section.kl_beta > 0 else 0.0)
-    critic = 2.0 + 6.0 * section.epochs if ppo else 0.0
+    policy, critic = pg_pass_factors(config.algo, section, reused=row.get("samples", 0) > section.minibatch_size)
     return parameters * (policy * (prompt + generated) + critic * prompt)
 
 
@@ -378,8 +392,11 @@ def budget_text(plan: Plan) -> str:
     m, scale = plan.episodes_per_step, matched_flops_scale(plan)
     if scale == 1:
         return f"**{m} episodes per step for every method**"
-    return (f"**matched estimated model FLOPs per step**: GRPO and PPO {m} episodes, ES {m * scale} (x{scale}: "
-            "2 FLOPs per token and parameter for ES's forward-only rollout against GRPO's 2 + 6 per epoch + 2)")
+    ppo = matched_episodes(plan, "ppo")
+    return (f"**matched estimated model FLOPs per step**: GRPO {m} episodes, ES {m * scale} (x{scale}: 2 FLOPs "
+            "per token and parameter for ES's forward-only rollout against GRPO's 2 + 6 per epoch + 2), PPO "
+            f"{ppo} (ES's {m * scale} x 2 over PPO's factor: policy 2 + 6 per epoch + 2 old log-probs + 2 KL, "
+            "critic 2 + 6 per epoch)")
 
 
 def report(plan: Plan, results: list[RunResult]) -> str:
@@ -400,7 +417,8 @@ def report(plan: Plan, results: list[RunResult]) -> str:
          else f"Model `{plan.model}`") + f" ({first.model.resolved_dtype}); H* {plan.h_stars}; seeds {plan.seeds}; "
         f"{plan.steps} steps; {budget_text(plan)} (ES: {plan.population * scale} members x "
         f"{m_eps // plan.population} tasks, antithetic; GRPO: {m_eps // plan.group_size} tasks x group "
-        f"{plan.group_size}; PPO: {m_eps} tasks); sampling T={sp.temperature}, top-p {sp.top_p}, top-k {sp.top_k}, "
+        f"{plan.group_size}; PPO: {matched_episodes(plan, 'ppo')} tasks); sampling T={sp.temperature}, "
+        f"top-p {sp.top_p}, top-k {sp.top_k}, "
         f"max {sp.max_new_tokens} new tokens; training score `{plan.reward}`; held-out eval {plan.eval_tasks} "
         f"tasks, binary success, every {plan.eval_every} steps. Hyper-parameters as run: {json.dumps(used)}"
         + (f"; overrides {plan.overrides}" if plan.overrides else "") + ".", "",
@@ -581,7 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--population", type=int, help="ES members N (each runs M/N tasks)")
     p.add_argument("--budget", choices=BUDGETS,
                    help="episodes (default): M episodes per step for every method; flops: ES gets the episodes "
-                        "that cost one GRPO step's estimated model FLOPs (N x 5 members at GRPO's 1 epoch)")
+                        "that cost one GRPO step's estimated model FLOPs (N x 5 members at GRPO's 1 epoch) "
+                        "and PPO the episodes that cost what ES's cost (M x 5 x 2 / 32 at 2 epochs)")
     p.add_argument("--group-size", type=int, help="GRPO group size G (M/G tasks per step)")
     p.add_argument("--eval-tasks", type=int, help="held-out tasks per eval")
     p.add_argument("--eval-every", type=int, help="eval every k steps (0: only first and last)")

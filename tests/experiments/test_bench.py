@@ -96,12 +96,18 @@ def test_horizon_plan_options_and_matched_budget_checks():
     flops = horizon.plan_from_args(parse(["--budget", "flops"]))
     configs = {m: horizon.run_config(flops, m, 5, 0) for m in horizon.METHODS}
     m = flops.episodes_per_step
-    assert {k: c.episodes_per_step for k, c in configs.items()} == {"es": 5 * m, "grpo": m, "ppo": m}
+    # PPO's step passes cost (2 + 6 x 2 epochs + 2 old log-probs + 2 KL) + critic (2 + 6 x 2) = 32 per token:
+    # it gets the episodes whose passes cost what ES's 5m forward-only episodes cost
+    assert {k: c.episodes_per_step for k, c in configs.items()} == {"es": 5 * m, "grpo": m,
+                                                                     "ppo": round(5 * m * 2 / 32)}
     assert configs["es"].es.population_size == 5 * flops.population
     assert configs["es"].es.tasks_per_member == m // flops.population
     more = horizon.plan_from_args(parse(["--budget", "flops", "--set", "grpo.epochs=2", "grpo.kl_beta=0"]))
-    assert horizon.matched_flops_scale(more) == (2 + 12) // 2
-    assert "matched estimated model FLOPs" in horizon.budget_text(flops)
+    assert horizon.matched_flops_scale(more) == (2 + 12 + 2) // 2  # 2 epochs reuse samples: old log-probs
+    assert horizon.run_config(more, "ppo", 5, 0).episodes_per_step == round(8 * m * 2 / 32)
+    one_epoch = horizon.plan_from_args(parse(["--budget", "flops", "--set", "ppo.epochs=1"]))
+    assert horizon.run_config(one_epoch, "ppo", 5, 0).episodes_per_step == round(5 * m * 2 / (12 + 8))
+    assert "matched estimated model FLOPs" in horizon.budget_text(flops) and "PPO 10 " in horizon.budget_text(flops)
     with pytest.raises(SystemExit):
         parse(["--budget", "tokens"])
 
