@@ -399,6 +399,14 @@ def budget_text(plan: Plan) -> str:
             "critic 2 + 6 per epoch)")
 
 
+def budget_title(plan: Plan) -> str:
+    """budget_text in one plot-title line: each method's episodes per step."""
+    if matched_flops_scale(plan) == 1:
+        return f"{plan.episodes_per_step} episodes per step for every method"
+    eps = ", ".join(f"{LABELS[m]} {matched_episodes(plan, m)}" for m in plan.methods)
+    return f"matched estimated model FLOPs per step, episodes: {eps}"
+
+
 def report(plan: Plan, results: list[RunResult]) -> str:
     """The markdown of horizon.md (tables only; the curves are horizon.png)."""
     from esopt.utils.memory import fmt_mib  # torch: not at import time (the CLI's start-up)
@@ -522,7 +530,7 @@ def plot_curves(plan: Plan, results: list[RunResult], path: Path) -> Path:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="best")
     # two lines: one panel column is narrower than the one-line title
-    fig.suptitle(f"{plan.size}x{plan.size} Sudoku,\n" + budget_text(plan).replace("**", "").split(" (x")[0])
+    fig.suptitle(f"{plan.size}x{plan.size} Sudoku,\n" + budget_title(plan))
     return save_figure(fig, path)
 
 

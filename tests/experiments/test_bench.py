@@ -108,6 +108,7 @@ def test_horizon_plan_options_and_matched_budget_checks():
     one_epoch = horizon.plan_from_args(parse(["--budget", "flops", "--set", "ppo.epochs=1"]))
     assert horizon.run_config(one_epoch, "ppo", 5, 0).episodes_per_step == round(5 * m * 2 / (12 + 8))
     assert "matched estimated model FLOPs" in horizon.budget_text(flops) and "PPO 10 " in horizon.budget_text(flops)
+    assert horizon.budget_title(flops).endswith("ES 160, GRPO 32, PPO 10")  # the plots' title names every method
     with pytest.raises(SystemExit):
         parse(["--budget", "tokens"])
 
