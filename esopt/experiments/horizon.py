@@ -399,6 +399,13 @@ def budget_text(plan: Plan) -> str:
             "critic 2 + 6 per epoch)")
 
 
+def shapes_text(plan: Plan) -> str:
+    """How each method fills its step's episodes at the plan's budget."""
+    m = plan.episodes_per_step
+    return (f"ES: {plan.population * matched_flops_scale(plan)} members x {m // plan.population} tasks, antithetic; "
+            f"GRPO: {m // plan.group_size} tasks x group {plan.group_size}; PPO: {matched_episodes(plan, 'ppo')} tasks")
+
+
 def budget_title(plan: Plan) -> str:
     """budget_text in one plot-title line: each method's episodes per step."""
     if matched_flops_scale(plan) == 1:
@@ -413,7 +420,7 @@ def report(plan: Plan, results: list[RunResult]) -> str:
 
     methods = [m for m in plan.methods if any(r.method == m for r in results)]
     by = {(m, h): [r for r in results if r.method == m and r.h_star == h] for m in plan.methods for h in plan.h_stars}
-    m_eps, scale = plan.episodes_per_step, matched_flops_scale(plan)
+    m_eps = plan.episodes_per_step
     # what the runs were given: the defaults with the preset's and the command line's overrides applied
     configs = {m: run_config(plan, m, plan.h_stars[0], plan.seeds[0]) for m in plan.methods}
     used = {m: {k: getattr(getattr(c, m), k) for k in HPARAMS[m]} for m, c in configs.items()}
@@ -423,12 +430,10 @@ def report(plan: Plan, results: list[RunResult]) -> str:
         f"# Horizon benchmark: ES vs GRPO vs PPO on {plan.size}x{plan.size} Sudoku", "",
         (f"Model `tiny-sudoku` (warm start {plan.warm_start_steps} steps)" if plan.model == "tiny-sudoku"
          else f"Model `{plan.model}`") + f" ({first.model.resolved_dtype}); H* {plan.h_stars}; seeds {plan.seeds}; "
-        f"{plan.steps} steps; {budget_text(plan)} (ES: {plan.population * scale} members x "
-        f"{m_eps // plan.population} tasks, antithetic; GRPO: {m_eps // plan.group_size} tasks x group "
-        f"{plan.group_size}; PPO: {matched_episodes(plan, 'ppo')} tasks); sampling T={sp.temperature}, "
-        f"top-p {sp.top_p}, top-k {sp.top_k}, "
-        f"max {sp.max_new_tokens} new tokens; training score `{plan.reward}`; held-out eval {plan.eval_tasks} "
-        f"tasks, binary success, every {plan.eval_every} steps. Hyper-parameters as run: {json.dumps(used)}"
+        f"{plan.steps} steps; {budget_text(plan)} ({shapes_text(plan)}); sampling T={sp.temperature}, "
+        f"top-p {sp.top_p}, top-k {sp.top_k}, max {sp.max_new_tokens} new tokens; training score `{plan.reward}`; "
+        f"held-out eval {plan.eval_tasks} tasks, binary success, every {plan.eval_every} steps. "
+        f"Hyper-parameters as run: {json.dumps(used)}"
         + (f"; overrides {plan.overrides}" if plan.overrides else "") + ".", "",
         f"Context, {PAPER}.", "",
         "## Held-out success (final eval; mean ± std over seeds; base = the starting model)", "",
