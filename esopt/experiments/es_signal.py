@@ -72,13 +72,13 @@ def measure_variant(config, policy, repeats: int, directions: int, progress: boo
     from esopt.es.shaping import ZeroVariancePopulation, pair_disagreement
     from esopt.experiments.variance import ProjectionStats, RandomDirections
     from esopt.train.es import generation_tasks, population_evaluator, population_fitness
-    from esopt.train.evaluate import rollout_spec
+    from esopt.train.evaluate import member_spec, rollout_spec
     from esopt.train.tasks import env_factory
 
     make_env = env_factory(config)
     es = ES(policy.model, config.es_config.model_copy(update={"alpha": 0.0}), on_weights_changed=policy.weights_changed)
     evaluator = population_evaluator(config, es, policy, make_env)
-    spec = rollout_spec(config, make_env)
+    spec = member_spec(rollout_spec(config, make_env), config)
     numel = es.perturbation.numel
     stats = ProjectionStats(numel, RandomDirections(numel, directions, config.seed))
     scores, disagree, t0 = [], [], time.perf_counter()

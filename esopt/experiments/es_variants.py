@@ -72,6 +72,10 @@ VARIANTS: dict[str, Variant] = {
     "no-antithetic": Variant("8 independent members, no mirrored pairs", ["es.antithetic=false"]),
     "adam": Variant("Adam on the ES gradient, lr 7e-4 (the SGD step's per-coordinate size)",
                     ["es.optimizer=adam", "es.alpha=7e-4"]),
+    # members decode greedily (ES at Scale): sampling noise leaves the member scores, so a pair's difference is the
+    # perturbation's alone; evals keep the run's T=0.3, the yardstick of every other variant
+    "greedy": Variant("members decode greedily (es.temperature 0); evals keep the run's sampling",
+                      ["es.temperature=0"]),
 }
 
 

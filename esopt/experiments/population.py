@@ -61,14 +61,14 @@ def _measure_mode(mode: str, config, policy, members: int, tasks: int, repeats: 
 
     from esopt.es import ES
     from esopt.train.es import population_evaluator
-    from esopt.train.evaluate import rollout_spec
+    from esopt.train.evaluate import member_spec, rollout_spec
     from esopt.train.tasks import env_factory
     from esopt.utils.timers import Timers
 
     make, timers = env_factory(config), Timers()
     es, spec, task_seeds = (
         ES(policy.model, config.es_config),
-        rollout_spec(config, make),
+        member_spec(rollout_spec(config, make), config),
         list(range(1000, 1000 + tasks)),
     )
     with tempfile.TemporaryDirectory(prefix="esopt-bench-") as tmp:

@@ -44,7 +44,7 @@ def probe(config, sigmas: list[float], progress: bool = False) -> list[dict]:
     from esopt.es import ES
     from esopt.es.shaping import pair_disagreement
     from esopt.train.es import generation_tasks, population_evaluator, population_fitness
-    from esopt.train.evaluate import rollout_spec
+    from esopt.train.evaluate import member_spec, rollout_spec
     from esopt.train.models import load_model
     from esopt.train.tasks import env_factory
 
@@ -52,7 +52,7 @@ def probe(config, sigmas: list[float], progress: bool = False) -> list[dict]:
     policy = load_model(config.model, config.env.kwargs)
     es = ES(policy.model, config.es_config, on_weights_changed=policy.weights_changed)
     evaluator = population_evaluator(config, es, policy, make_env, progress=progress)
-    spec = rollout_spec(config, make_env)
+    spec = member_spec(rollout_spec(config, make_env), config)
     tasks = generation_tasks(config, 0)
     rollout_seed = int(np.random.default_rng([config.seed, 0, 3]).integers(2**31))  # as ESAlgorithm.step
     rows = []

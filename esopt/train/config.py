@@ -141,6 +141,9 @@ class ESSection(ESConfig):
     seed: int | None = Field(None, description="member-seed stream (default: the run's seed)")
     tasks_per_member: int = Field(32, ge=1, description="E: every member runs the same E tasks")
     reward: ScoreKind = Field("env", description="member score: env reward, success, or info['shaped_reward']")
+    temperature: float | None = Field(
+        None, ge=0, description="members' sampling temperature (default: sampling.temperature; 0: greedy members, "
+        "so a member's score depends on its weights and tasks alone); evals keep the run's sampling")
     task_set: Literal["fresh", "fixed"] = Field(
         "fresh",
         description="fresh: new training tasks every generation; fixed: a pool drawn once and reused (the paper)")

@@ -27,7 +27,7 @@ from esopt.population import Evaluator, MemberResult, PopulationContext, Replica
 from esopt.rollout import summarize, trajectory_score
 from esopt.train import loop
 from esopt.train.config import ESTrainConfig, build_config
-from esopt.train.evaluate import rollout_spec
+from esopt.train.evaluate import member_spec, rollout_spec
 from esopt.train.models import load_model
 from esopt.train.rundir import RunDir
 from esopt.train.tasks import env_factory, task_pool_seeds, train_task_seeds
@@ -121,7 +121,7 @@ class ESAlgorithm:
         members = self.es.ask(gen)
         tasks = generation_tasks(config, gen)
         rollout_seed = int(np.random.default_rng([config.seed, gen, 3]).integers(2**31))
-        results = self.evaluator.evaluate(members, self.es.sigma, tasks, rollout_seed, self.spec)
+        results = self.evaluator.evaluate(members, self.es.sigma, tasks, rollout_seed, member_spec(self.spec, config))
         rewards = np.array([r.reward for r in results])
         fitness = population_fitness(results, config)
         t_up = time.perf_counter()

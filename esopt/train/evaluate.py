@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from esopt.engines.base import Engine
 from esopt.rollout import RolloutSpec, env_examples, summarize, trajectory_score
-from esopt.train.config import BaseTrainConfig
+from esopt.train.config import BaseTrainConfig, ESTrainConfig
 from esopt.train.tasks import heldout_task_seeds
 
 
@@ -25,6 +26,13 @@ def rollout_spec(config: BaseTrainConfig, make_env: Callable) -> RolloutSpec:
                        system_prompt=config.env.system_prompt, examples=examples,
                        max_batch_size=config.max_batch_size, max_prompt_tokens=config.env.max_prompt_tokens,
                        max_episode_tokens=config.env.max_episode_tokens)
+
+
+def member_spec(spec: RolloutSpec, config: ESTrainConfig) -> RolloutSpec:
+    """The spec ES members roll out with: the run's, at `es.temperature` when set (evals keep the run's)."""
+    if config.es.temperature is None:
+        return spec
+    return spec.replace(sampling=dataclasses.replace(spec.sampling, temperature=config.es.temperature))
 
 
 def evaluate(policy: Engine, config: BaseTrainConfig, spec: RolloutSpec, make_env: Callable,

@@ -118,3 +118,28 @@ def test_members_per_rollout_sets_the_rollout_batch_and_needs_a_batched_populati
     assert build_config({}, [*batched, "es.members_per_rollout=10"]).rollout_batch_size == 24
     with pytest.raises(ConfigError, match="members_per_rollout needs es.batched"):
         build_config({}, [*TINY, "es.members_per_rollout=2"])
+
+
+def test_es_temperature_makes_members_greedy_while_evals_keep_the_runs_sampling():
+    from esopt.train.evaluate import member_spec, rollout_spec
+    from esopt.train.models import load_model
+    from esopt.train.tasks import env_factory
+
+    config = build_config({}, [*TINY, "sampling.temperature=1.0", "es.temperature=0"])
+    make = env_factory(config)
+    run_spec = rollout_spec(config, make)
+    members = member_spec(run_spec, config)
+    assert run_spec.sampling.temperature == 1.0 and members.sampling.temperature == 0
+    assert member_spec(run_spec, build_config({}, TINY)) is run_spec  # unset: the run's own spec
+    policy = load_model(config.model, config.env.kwargs)
+    tasks = train_task_seeds(0, 0, 4)
+
+    def actions(spec, seed):
+        trajectories, _ = spec.run(policy, make, tasks, seed=seed)
+        return [[turn.token_ids for turn in t.turns] for t in trajectories]
+
+    # greedy members: the rollout seed no longer matters; the run's T=1 sampling does depend on it
+    assert actions(members, 1) == actions(members, 2)
+    assert actions(run_spec, 1) != actions(run_spec, 2)
+    with pytest.raises(ConfigError, match="temperature"):
+        build_config({}, [*TINY, "es.temperature=-1"])
