@@ -76,6 +76,8 @@ VARIANTS: dict[str, Variant] = {
     # perturbation's alone; evals keep the run's T=0.3, the yardstick of every other variant
     "greedy": Variant("members decode greedily (es.temperature 0); evals keep the run's sampling",
                       ["es.temperature=0"]),
+    "greedy-alpha-x2": Variant("greedy members at alpha 4e-3: do the two levers add up?",
+                               ["es.temperature=0", "es.alpha=4e-3"]),
 }
 
 
