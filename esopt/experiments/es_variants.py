@@ -58,6 +58,7 @@ VARIANTS: dict[str, Variant] = {
     "G64xE1": Variant("G=64 x E=1, 4 generations (the same 256 episodes)", population=64, wide=True),
     "G128xE1": Variant("G=128 x E=1, 2 generations (the same 256 episodes)", population=128, wide=True),
     "alpha-x2": Variant("alpha 4e-3 at the baseline's sigma", ["es.alpha=4e-3"]),
+    "alpha-x4": Variant("alpha 8e-3 at the baseline's sigma: where does the step-size lever stop?", ["es.alpha=8e-3"]),
     # scoped sigmas: where `esopt analyze sensitivity` found the most antithetic pairs differing (H*=1,
     # results/es_efficiency.md); at the dense 4e-3 attention-, MLP- and last-4-only noise changes no completion
     "attention": Variant("noise on attention matrices only", _scoped(r"self_attn", 1.6e-2)),
