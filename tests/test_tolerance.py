@@ -2,7 +2,7 @@
 
 import torch
 
-from tests.tolerance import assert_close_up_to_rounding, network_rtol, reduction_rtol, ulps
+from tests.tolerance import assert_close_up_to_rounding, network_rtol, reduction_rtol, rounded_chain_rtol, ulps
 
 
 def test_two_summation_orders_land_within_the_reduction_bound():
@@ -42,3 +42,23 @@ def test_assert_close_up_to_rounding_fails_past_the_bound_and_ulps_are_the_float
     with pytest.raises(AssertionError):
         assert_close_up_to_rounding(x + 1e-4, x, 1e-6)
     assert ulps(torch.tensor([1.0, 0.2, 4.0])).tolist() == [2**-23, 2**-26, 2**-21]
+
+
+def test_a_bf16_chain_in_two_orders_lands_within_the_rounded_chain_bound():
+    """bf16 matmuls accumulate in fp32 and round once: a 4-deep chain of 512-term reductions (where the bf16
+    reduction bound has none) with each contraction summed in another order stays within one rounding per op."""
+    g = torch.Generator().manual_seed(1)
+    ws = [(torch.randn(512, 512, generator=g) / 512**0.5).to(torch.bfloat16) for _ in range(4)]
+    x = torch.randn(32, 512, generator=g).to(torch.bfloat16)
+    perms = [torch.randperm(512, generator=g) for _ in ws]
+
+    def chain(permuted: bool):
+        h = x
+        for w, p in zip(ws, perms, strict=True):
+            h = torch.tanh(h[:, p] @ w[p] if permuted else h @ w)  # the same sum, its terms in another order
+        return h
+
+    direct, reordered = chain(False), chain(True)
+    assert not torch.equal(direct, reordered)  # they do round apart: the bound is not vacuous here
+    assert_close_up_to_rounding(reordered.float(), direct.float(), rounded_chain_rtol(torch.bfloat16, depth=4))
+    assert rounded_chain_rtol(torch.bfloat16, 4) < 0.05  # still catches a 5% error of the outputs' scale

@@ -9,6 +9,8 @@ They derive from the dtype and the operation, never from what one CPU happened t
   computations differ by at most twice that. `depth` reductions in sequence (a network's layers) add up to
   first order. The tolerance is that bound times the output's scale (`max |expected|`), a worst case: the
   typical error is ~sqrt(n) u, so a bug that moves outputs by more than ~1e-3 relative is still caught.
+- low-precision kernels (bf16 matmuls on CPU and GPU) accumulate in fp32 and round each output once, so a chain
+  of `depth` such ops computed in two orders differs by about one rounding of each: `rounded_chain_rtol`.
 - an elementwise update (an optimizer step, adding noise and taking it away) is off by a few units in the last
   place of its operands: `ulps`.
 
@@ -40,6 +42,13 @@ def network_rtol(model: torch.nn.Module, dtype: torch.dtype | None = None) -> fl
     terms = max(cfg.hidden_size, getattr(cfg, "intermediate_size", 0) or 0)
     dtype = dtype or next(model.parameters()).dtype
     return reduction_rtol(dtype, terms, depth=2 * cfg.num_hidden_layers + 1)
+
+
+def rounded_chain_rtol(dtype: torch.dtype, depth: int) -> float:
+    """How far apart, relative to the result's scale, two orders of computing `depth` chained ops may land when
+    each op accumulates in fp32 and rounds its output to `dtype` once (a bf16 forward or backward pass): two
+    roundings per op, one in each computation, to first order."""
+    return 2 * depth * unit_roundoff(dtype)
 
 
 def assert_close_up_to_rounding(actual: torch.Tensor, expected: torch.Tensor, rtol: float) -> float:
