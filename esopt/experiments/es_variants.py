@@ -14,7 +14,8 @@ baseline variant on the same tasks and sampling seeds, so a winner is picked wit
     esopt bench es-variants --smoke --out /tmp/v                          # seconds (tests)
 
 Runs land in OUT/<variant>/horizon/es_h<H>_s<seed> (the horizon bench's layout, so `esopt bench horizon
---report-only --out OUT/<variant>` reads one too); every run of one H* shares one base eval.
+--report-only --out OUT/<variant>` reads one too); every run of one H* shares one base eval. The report a run
+writes covers every variant and H* already under OUT, not only the ones it ran.
 """
 
 from __future__ import annotations
@@ -130,6 +131,20 @@ def variant_plans(args: argparse.Namespace) -> dict:
         plan.check()
         plans[name] = plan
     return plans
+
+
+def report_args(args: argparse.Namespace, out: Path) -> argparse.Namespace:
+    """What the report covers. `--report-only` reports what it is asked (`--only`, `--h-stars`); a run reports
+    every variant and horizon already under OUT, so running a few variants does not drop the others' rows."""
+    if args.report_only:
+        return args
+    import re
+
+    runs = [run for run in out.glob("*/horizon/es_h*_s*") if run.parent.parent.name in VARIANTS]
+    names = {run.parent.parent.name for run in runs} | set(args.only or VARIANTS)
+    h_stars = {int(m.group(1)) for run in runs if (m := re.fullmatch(r"es_h(\d+)_s\d+", run.name))}
+    return argparse.Namespace(**{**vars(args), "only": [n for n in VARIANTS if n in names],
+                                 "h_stars": sorted(h_stars | set(args.h_stars))})
 
 
 def run_variants(plans: dict, out: Path, resume: bool, threads: int, jobs: int) -> list[str]:
@@ -254,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     t = time.perf_counter()
     failed = [] if args.report_only else run_variants(plans, out, args.resume, args.threads, args.jobs)
-    text = report(plans, out, [Path(a) for a in args.also])
+    text = report(variant_plans(report_args(args, out)), out, [Path(a) for a in args.also])
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "es_variants.md", text)  # a killed run leaves the old report whole
     print(text)

@@ -74,6 +74,11 @@ def test_es_variants_smoke_reports_each_variant_against_base_and_baseline(tmp_pa
     assert len(rows) == 1 and rows[0].count("[") == 2  # an interval against the base and one against baseline
     with pytest.raises(ValueError, match="unknown variant"):
         variants_main(["--smoke", "--only", "nope", "--out", str(out)])
+    # running one more variant keeps the rows of those already in OUT
+    assert variants_main(["--smoke", "--only", "no-antithetic", "--out", str(out)]) == 0
+    names = [line.split(" | ")[0][2:] for line in (out / "es_variants.md").read_text().splitlines()
+             if line.startswith("| ") and not line.startswith(("| variant", "|---"))]
+    assert names == ["baseline", "subspace-r1", "no-antithetic"]
     # another session's seed, in its own out dir, pooled into one report; the variant with seed 0 only is
     # paired with the baseline on seed 0 alone, and says so
     other, pooled = tmp_path / "s1", tmp_path / "pooled"
