@@ -18,7 +18,7 @@ Adam's first step is a sign of the same u, so it has no row of its own.
 
     esopt analyze es-signal --variants baseline norms subspace-r1 --h-star 1 --repeats 16 --out /work/sig
     esopt analyze es-signal --smoke --out /tmp/sig                         # seconds (tests)
-    esopt analyze es-signal --variants ... --report-only --out /work/sig    # the table of the variants saved
+    esopt analyze es-signal --report-only --out /work/sig    # the table of every variant saved in OUT
 
 Each finished variant is saved to OUT/es_signal/<variant>_h<H>.json, so a stopped run continues with the rest.
 """
@@ -61,6 +61,18 @@ def variant_config(name: str, h_star: int, seed: int, smoke: bool, overrides: li
     args = argparse.Namespace(only=[name], h_stars=[h_star], seeds=[seed], eval_tasks=256, smoke=smoke,
                               overrides=overrides)
     return run_config(variant_plans(args)[name], "es", h_star, seed)
+
+
+def _same_key(saved: dict, key: dict, config) -> bool:
+    """A saved measurement is reused when it was made with this config and these options; a config field added
+    since (absent from the saved key) counts at its default, so a new option does not void old rows."""
+    if {k: v for k, v in saved.items() if k != "config"} != {k: v for k, v in key.items() if k != "config"}:
+        return False
+    try:
+        then = type(config).model_validate(saved["config"])
+    except ValueError:  # saved with a field that no longer exists or a value no longer valid
+        return False
+    return then.model_dump(mode="json") == key["config"]
 
 
 def measure_variant(config, policy, repeats: int, directions: int, progress: bool = False) -> dict:
@@ -169,16 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--repeats must be >= 2 to estimate a variance (got {args.repeats})")
     if args.smoke:
         args.repeats, args.directions = min(args.repeats, 3), min(args.directions, 4)
-    configs = {v: variant_config(v, args.h_star, args.seed, args.smoke, args.overrides) for v in args.variants}
     saved = Path(args.out) / "es_signal"
+    # the report also keeps the variants measured before under OUT with the same options (a run of one variant
+    # used to drop the others' rows); only the requested ones are measured
+    to_measure = set() if args.report_only else set(args.variants)
+    names = [v for v in VARIANTS if v in args.variants or (saved / f"{v}_h{args.h_star}.json").exists()]
+    configs = {v: variant_config(v, args.h_star, args.seed, args.smoke, args.overrides) for v in names}
     rows, policy = {}, None
     for name, config in configs.items():
         path = saved / f"{name}_h{args.h_star}.json"
         key = {"config": config.model_dump(mode="json"), "repeats": args.repeats, "directions": args.directions}
-        if path.exists() and (old := json.loads(path.read_text()))["key"] == key:
+        if path.exists() and _same_key((old := json.loads(path.read_text()))["key"], key, config):
             rows[name] = old["row"]
             continue
-        if args.report_only:
+        if name not in to_measure:
             continue
         if policy is None:  # every variant measures the same fixed model
             policy = load_model(config.model, config.env.kwargs)

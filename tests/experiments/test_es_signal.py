@@ -48,6 +48,26 @@ def test_smoke_run_writes_its_table_and_reuses_finished_variants(tmp_path, capsy
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "baseline: 3 generations" not in out and "norms: 3 generations" not in out  # read back, not measured
+    # measuring one more variant keeps the rows of those saved before, and measures only it
+    assert main(["--smoke", "--variants", "greedy", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "greedy: 3 generations" in out and "baseline: 3 generations" not in out
+    text = (tmp_path / "es_signal.md").read_text()
+    assert all(f"| {v} |" in text for v in ("baseline", "norms", "greedy"))
+    # a row saved before a config field existed (here: es.temperature) is still reused; one saved with
+    # another config value is measured again
+    import json
+
+    path = tmp_path / "es_signal" / "norms_h1.json"
+    saved = json.loads(path.read_text())
+    del saved["key"]["config"]["es"]["temperature"]
+    path.write_text(json.dumps(saved))
+    assert main(["--smoke", "--variants", "norms", "--out", str(tmp_path)]) == 0
+    assert "norms: 3 generations" not in capsys.readouterr().out
+    saved["key"]["config"]["es"]["alpha"] *= 2
+    path.write_text(json.dumps(saved))
+    assert main(["--smoke", "--variants", "norms", "--out", str(tmp_path)]) == 0
+    assert "norms: 3 generations" in capsys.readouterr().out
 
 
 def test_unknown_variant_is_a_one_line_error(tmp_path):
