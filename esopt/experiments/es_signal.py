@@ -63,13 +63,15 @@ def variant_config(name: str, h_star: int, seed: int, smoke: bool, overrides: li
     return run_config(variant_plans(args)[name], "es", h_star, seed)
 
 
-def _same_key(saved: dict, key: dict, config) -> bool:
+def _same_key(saved: dict, key: dict) -> bool:
     """A saved measurement is reused when it was made with this config and these options; a config field added
     since (absent from the saved key) counts at its default, so a new option does not void old rows."""
-    if {k: v for k, v in saved.items() if k != "config"} != {k: v for k, v in key.items() if k != "config"}:
+    from esopt.train.config import build_config
+
+    if {**saved, "config": None} != {**key, "config": None}:
         return False
-    try:
-        then = type(config).model_validate(saved["config"])
+    try:  # the loader every stored config.yaml goes through: defaults <- saved fields
+        then = build_config(saved["config"])
     except ValueError:  # saved with a field that no longer exists or a value no longer valid
         return False
     return then.model_dump(mode="json") == key["config"]
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, config in configs.items():
         path = saved / f"{name}_h{args.h_star}.json"
         key = {"config": config.model_dump(mode="json"), "repeats": args.repeats, "directions": args.directions}
-        if path.exists() and _same_key((old := json.loads(path.read_text()))["key"], key, config):
+        if path.exists() and _same_key((old := json.loads(path.read_text()))["key"], key):
             rows[name] = old["row"]
             continue
         if name not in to_measure:
