@@ -39,10 +39,10 @@ COMMON = ["eval.split=validation"]
 class Variant:
     what: str
     overrides: list[str] = field(default_factory=list)  # on top of BASELINE
-    population: int = 8  # G; E = episodes per step / G
-    # G beyond the baseline's 32 episodes per generation: E=1 and fewer generations, the same episodes in all
-    # (generations = baseline generations x 32 / G)
-    wide: bool = False
+    population: int = 8  # G
+    # E, tasks per member. 0: the baseline's 32 episodes per generation split over the G members. A G x E beyond
+    # 32 episodes keeps the same episodes in all with fewer generations (baseline generations x 32 / (G x E))
+    tasks: int = 0
 
 
 def _scoped(pattern: str, sigma: float) -> list[str]:
@@ -56,8 +56,13 @@ VARIANTS: dict[str, Variant] = {
     "baseline": Variant("dense noise on all parameters, z-score, antithetic pairs, SGD (the horizon tables' ES)"),
     "G16xE2": Variant("G=16 x E=2", population=16),
     "G32xE1": Variant("G=32 x E=1", population=32),
-    "G64xE1": Variant("G=64 x E=1, 4 generations (the same 256 episodes)", population=64, wide=True),
-    "G128xE1": Variant("G=128 x E=1, 2 generations (the same 256 episodes)", population=128, wide=True),
+    "G64xE1": Variant("G=64 x E=1, 4 generations (the same 256 episodes)", population=64, tasks=1),
+    "G128xE1": Variant("G=128 x E=1, 2 generations (the same 256 episodes)", population=128, tasks=1),
+    # more tasks per member at a large G: a smoother fitness per member, bought with fewer generations
+    "G32xE2": Variant("G=32 x E=2, 4 generations (the same 256 episodes)", population=32, tasks=2),
+    "G32xE4": Variant("G=32 x E=4, 2 generations (the same 256 episodes)", population=32, tasks=4),
+    "G64xE2": Variant("G=64 x E=2, 2 generations (the same 256 episodes)", population=64, tasks=2),
+    "G64xE4": Variant("G=64 x E=4, 1 generation (the same 256 episodes)", population=64, tasks=4),
     "alpha-x2": Variant("alpha 4e-3 at the baseline's sigma", ["es.alpha=4e-3"]),
     "alpha-x4": Variant("alpha 8e-3 at the baseline's sigma: where does the step-size lever stop?", ["es.alpha=8e-3"]),
     # scoped sigmas: where `esopt analyze sensitivity` found the most antithetic pairs differing (H*=1,
@@ -119,13 +124,13 @@ def variant_plans(args: argparse.Namespace) -> dict:
     for name in names:
         v = VARIANTS[name]
         shape = {"population": min(v.population, base.episodes_per_step)}
-        if v.wide:
-            episodes = base.steps * base.episodes_per_step
-            if episodes % v.population or episodes < v.population:
+        if v.tasks:
+            episodes, width = base.steps * base.episodes_per_step, v.population * v.tasks
+            if episodes % width or episodes < width:
                 raise ValueError(f"{name}: {episodes} episodes in all do not split into generations of "
-                                 f"{v.population}")
-            shape = {"population": v.population, "episodes_per_step": v.population,
-                     "steps": episodes // v.population, "group_size": 1}
+                                 f"{v.population} members x {v.tasks} tasks")
+            shape = {"population": v.population, "episodes_per_step": width, "steps": episodes // width,
+                     "group_size": 1}
         plan = replace(base, **shape,
                        overrides=[*base.overrides, *COMMON, *BASELINE, *v.overrides, *args.overrides])
         plan.check()

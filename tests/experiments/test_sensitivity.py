@@ -94,8 +94,8 @@ def test_es_variants_smoke_reports_each_variant_against_base_and_baseline(tmp_pa
 
 
 def test_wide_population_variants_keep_the_episode_budget_in_fewer_generations():
-    """G beyond one generation's 32 episodes: E=1 and fewer generations, the same episodes in all, and the
-    smollm2 plan's other settings unchanged; a G that cannot split the budget is a clear error."""
+    """G x E beyond one generation's 32 episodes: fewer generations, the same episodes in all, and the
+    smollm2 plan's other settings unchanged; a G x E that cannot split the budget is a clear error."""
     import argparse
     from dataclasses import replace
 
@@ -108,11 +108,13 @@ def test_wide_population_variants_keep_the_episode_budget_in_fewer_generations()
         return es_variants.variant_plans(args)
 
     shapes = {}
-    for name, plan in plans("baseline", "G32xE1", "G64xE1", "G128xE1").items():
+    for name, plan in plans("baseline", "G32xE1", "G64xE1", "G128xE1", "G32xE4", "G64xE2", "G64xE4").items():
         c = run_config(plan, "es", 1, 0)
         shapes[name] = (c.steps, c.es.population_size, c.es.tasks_per_member)
         assert c.eval.split == "validation" and c.es.sigma == 4e-3
-    assert shapes == {"baseline": (8, 8, 4), "G32xE1": (8, 32, 1), "G64xE1": (4, 64, 1), "G128xE1": (2, 128, 1)}
+        assert c.steps * c.episodes_per_step == 256  # every shape spends the baseline's episodes
+    assert shapes == {"baseline": (8, 8, 4), "G32xE1": (8, 32, 1), "G64xE1": (4, 64, 1), "G128xE1": (2, 128, 1),
+                      "G32xE4": (2, 32, 4), "G64xE2": (2, 64, 2), "G64xE4": (1, 64, 4)}
     bad = replace(es_variants.VARIANTS["G64xE1"], population=96)
     es_variants.VARIANTS["G96-test"] = bad
     try:
