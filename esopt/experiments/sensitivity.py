@@ -11,9 +11,12 @@ spread, and D, the dimension the noise searches.
     esopt analyze sensitivity --preset smollm2 --h-stars 1 --sigmas 1e-3 4e-3 1.6e-2 --out /tmp/s
     esopt analyze sensitivity --preset smollm2 --h-stars 1 --sigmas 1e-2 3e-2 1e-1 \\
         --set es.scope=regex es.scope_pattern=norm                # noise on the norms only
+    esopt analyze sensitivity --config configs/smollm2_math.yaml --sigmas 1e-4 1e-3 \\
+        --set model.name=gemma3-270m es.tasks_per_member=8        # any ES training config, any env
     esopt analyze sensitivity --smoke --out /tmp/s                 # seconds (tests)
 
-The run config comes from `esopt bench horizon`'s options (preset, H*, population, episodes per step, --set).
+The run config comes from `esopt bench horizon`'s options (preset, H*, population, episodes per step, --set), or
+with --config from a training config file (with --set on top), as `esopt train` reads it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 parents=[horizon_parser()], add_help=False, conflict_handler="resolve",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sigmas", nargs="+", type=float, help="sigmas to probe (default 1e-3 2e-3 4e-3 8e-3)")
-    p.add_argument("--seed", type=int, default=0, help="the run seed whose generation 0 is probed")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the run seed whose generation 0 is probed (default: 0, or the --config file's seed)")
+    p.add_argument("--config", metavar="FILE",
+                   help="probe this ES training config (and --set) instead of a horizon-bench preset")
     add_analysis_options(p, "OUT/sensitivity.md and .json")
     return p
 
@@ -72,13 +78,31 @@ def probe(config, sigmas: list[float], progress: bool = False) -> list[dict]:
     return [{**r, "dimension": d} for r in rows]
 
 
+def _config(args: argparse.Namespace):
+    """The ES training config to probe: the --config file's, or the horizon bench's run config."""
+    from esopt.experiments.horizon import plan_from_args, run_config
+    from esopt.train.config import load_config
+
+    if args.config:
+        config = load_config(args.config, [*args.overrides, *([] if args.seed is None else [f"seed={args.seed}"])])
+        if config.algo != "es":
+            raise ValueError(f"--config {args.config}: algo is {config.algo!r}; the probe perturbs an ES run's "
+                             "members, so it needs algo: es")
+        return config
+    if args.smoke:
+        args.preset = "smoke"
+    plan = plan_from_args(args)
+    return run_config(plan, "es", plan.h_stars[0], 0 if args.seed is None else args.seed)
+
+
 def report(rows: list[dict], config, argv: list[str]) -> str:
     e = config.es
     lines = [
         "# ES sensitivity: antithetic pairs that score differently, per sigma",
         "",
-        f"H*={config.env.kwargs.get('h_star')}, G={e.population_size} antithetic, E={e.tasks_per_member} tasks per "
-        f"member, noise {e.noise} (rank {e.noise_rank}), scope {e.scope} {e.scope_pattern or ''}, fitness "
+        f"{config.env.id} (H*={config.env.kwargs.get('h_star')}), model {config.model.name}, "
+        f"G={e.population_size} antithetic, E={e.tasks_per_member} tasks per member, noise {e.noise} "
+        f"(rank {e.noise_rank}), scope {e.scope} {e.scope_pattern or ''}, fitness "
         f"{e.fitness}, score {e.reward}, D={rows[0]['dimension']:,}; CPU {cpu_model()}",
         "",
         "| sigma | pairs that differ | mean pair gap | fitness mean | fitness std | s |",
@@ -95,13 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    from esopt.experiments.horizon import plan_from_args, run_config
-
     torch.set_num_threads(args.threads)
-    if args.smoke:
-        args.preset = "smoke"
-    plan = plan_from_args(args)
-    config = run_config(plan, "es", plan.h_stars[0], args.seed)
+    config = _config(args)
     if not config.es.antithetic:
         config.es.antithetic = True  # pairs are what the probe compares
     sigmas = args.sigmas or ([1e-3, 1e-1] if args.smoke else [1e-3, 2e-3, 4e-3, 8e-3])

@@ -122,3 +122,26 @@ def test_wide_population_variants_keep_the_episode_budget_in_fewer_generations()
             plans("G96-test")
     finally:
         del es_variants.VARIANTS["G96-test"]
+
+
+def test_config_file_mode_probes_that_config_and_rejects_a_non_es_one(tmp_path, linear_reward):
+    """--config probes a training config file (any env) with --set on top, as `esopt train` reads it."""
+    import json
+
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"algo": "es", "seed": 3, "model": {"name": "tiny-sudoku",
+                                                                        "warm_start_steps": 60}}))
+    out = tmp_path / "out"
+    assert main(["--config", str(path), "--sigmas", "1e-3", "2e-3", "--set", "es.reward=env",
+                 "es.population_size=4", "es.tasks_per_member=2", "--out", str(out), "--quiet"]) == 0
+    data = json.loads((out / "sensitivity.json").read_text())
+    assert data["config"]["seed"] == 3 and data["config"]["es"]["population_size"] == 4
+    rows = data["rows"]
+    assert rows[1]["pair_gap"] == pytest.approx(2 * rows[0]["pair_gap"], rel=1e-3)  # the linear reward, as above
+    assert "tiny-sudoku" in (out / "sensitivity.md").read_text()
+    grpo = tmp_path / "grpo.yaml"
+    grpo.write_text(yaml.safe_dump({"algo": "grpo"}))
+    with pytest.raises(ValueError, match="needs algo: es"):
+        main(["--config", str(grpo), "--out", str(out), "--quiet"])
