@@ -53,6 +53,7 @@ def probe(config, sigmas: list[float], progress: bool = False) -> list[dict]:
     from esopt.train.evaluate import member_spec, rollout_spec
     from esopt.train.models import load_model
     from esopt.train.tasks import env_factory
+    from esopt.utils.progress import say
 
     make_env = env_factory(config)
     policy = load_model(config.model, config.env.kwargs)
@@ -72,6 +73,8 @@ def probe(config, sigmas: list[float], progress: bool = False) -> list[dict]:
             rows.append({"sigma": sigma, "pair_disagreement": pair_disagreement(fitness, [m.sign for m in members]),
                          "pair_gap": float(np.abs(plus - minus).mean()), "fitness_mean": float(fitness.mean()),
                          "fitness_std": float(fitness.std()), "seconds": time.perf_counter() - t})
+            say(f"sigma {sigma:.3g}: pairs that differ {rows[-1]['pair_disagreement']:.2f}, fitness mean "
+                f"{rows[-1]['fitness_mean']:.3f} | {rows[-1]['seconds']:.0f}s", progress)
     finally:
         evaluator.close()
     d = es.perturbation.searched_dimension
