@@ -19,12 +19,14 @@ completions with
 
 Each trainer runs in a fresh process (its own peak RSS, VmHWM), then every model, the base included, is scored
 the same way: greedy, on the same test rows, paired with the base (bootstrap 95% over rows, McNemar).
-Writes OUT/trl_side_by_side.md and OUT/results.json.
+Writes OUT/trl_side_by_side.md and OUT/results.json. Several runs into one OUT (e.g. each trainer with its own
+tuned settings, or on its own core) add up: a run scored on the same rows merges its trainers into OUT's results.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -74,7 +76,8 @@ REWARD_FUNCS = [correct, answers_with_a_number]
 
 def make_trainer(name: str, a: argparse.Namespace, model_dir: str, train_ds, out: Path):
     shared = dict(output_dir=str(out), learning_rate=a.lr if name != "es" else a.es_lr, max_steps=a.steps,
-                  max_completion_length=a.max_tokens, temperature=a.temperature, logging_steps=1, seed=a.seed)
+                  max_completion_length=a.max_tokens, temperature=temperature(name, a), logging_steps=1,
+                  seed=a.seed)
     if name == "trl-grpo":
         from trl import GRPOConfig, GRPOTrainer
 
@@ -90,6 +93,20 @@ def make_trainer(name: str, a: argparse.Namespace, model_dir: str, train_ds, out
     return ESTrainer(model=model_dir, reward_funcs=REWARD_FUNCS, train_dataset=train_ds, args=args)
 
 
+def temperature(name: str, a: argparse.Namespace) -> float:
+    """The trainer's sampling temperature: ES may roll out greedy (its own regime), the GRPOs need samples."""
+    return a.es_temperature if name == "es" and a.es_temperature is not None else a.temperature
+
+
+def settings(name: str, a: argparse.Namespace) -> str:
+    """What was set for this trainer, for the report's table."""
+    if name == "es":
+        noise = f"{a.es_noise}{' batched' if a.batched else ''}"
+        return (f"{es_members(a)} x {a.prompts}, sigma {a.sigma:g}->{a.sigma / 2:g}, alpha {a.es_lr:g}, {noise}, "
+                f"T {temperature(name, a):g}")
+    return f"{a.prompts} x {a.group}, lr {a.lr:g}, T {temperature(name, a):g}"
+
+
 def es_members(a: argparse.Namespace) -> int:
     """ES's population: x4 at matched FLOPs (2 per token and parameter vs GRPO's 2 + 6 at one epoch, no KL)."""
     return a.population * (4 if a.budget == "flops" else 1)
@@ -103,7 +120,8 @@ def esopt_grpo(a: argparse.Namespace, model_dir: str, train_rows: list[dict], ou
     data = {"algo": "grpo", "seed": a.seed, "steps": a.steps, "checkpoint_every": a.steps,
             "measure_inference_peak": False, "tensorboard": False,
             "model": {"name": model_dir, "dtype": "float32"},
-            "sampling": {"temperature": a.temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": a.max_tokens},
+            "sampling": {"temperature": temperature("esopt-grpo", a), "top_p": 1.0, "top_k": 0,
+                         "max_new_tokens": a.max_tokens},
             "eval": {"every": 0},
             "grpo": {"tasks_per_step": a.prompts, "group_size": a.group, "lr": a.lr, "kl_beta": 0.0, "epochs": 1,
                      "minibatch_size": a.prompts * a.group, "micro_batch_size": min(16, a.prompts * a.group),
@@ -141,7 +159,8 @@ def train_one(name: str, a: argparse.Namespace) -> None:
             final = out / "final"
     seconds = time.perf_counter() - t
     result = {"trainer": name, "seconds": seconds, "seconds_per_step": per_step,
-              "peak_rss_bytes": peak_rss_bytes(), "final": str(final)}
+              "peak_rss_bytes": peak_rss_bytes(), "final": str(final), "settings": settings(name, a),
+              "command": "python examples/trl_swap.py " + " ".join(a.argv[:a.argv.index("--train-only")])}
     (out / "result.json").write_text(json.dumps(result, indent=1))
 
 
@@ -201,28 +220,44 @@ def report(a: argparse.Namespace, results: dict, scores: dict) -> str:
 
     base = scores["base"]
     n = len(base)
+    names = [name for name in TRAINERS if name in scores]
     lines = [
         "# TRL's GRPOTrainer vs esopt's ESTrainer (and esopt's GRPO), one script", "",
-        f"Command: `python examples/trl_swap.py {' '.join(a.argv)}`", "",
         f"Model `{a.model}` (fp32); reasoning-gym basic_arithmetic, {a.train_rows} train rows, {n} {a.split} rows "
-        f"(other seeds; rows seen in training dropped); {a.steps} steps each; GRPO {a.prompts} prompts x "
-        f"{a.group} completions per step, lr {a.lr}, no KL; ES {es_members(a)} members x {a.prompts} prompts, "
-        f"sigma {a.sigma} -> {a.sigma / 2}, alpha {a.es_lr}, {a.es_noise} noise{', batched' if a.batched else ''} "
-        f"(budget: {a.budget}); sampling T={a.temperature}, "
-        f"max {a.max_tokens} new tokens; scored greedy, success = `correct`. CPU: {cpu_name()}, {a.threads} "
-        "torch thread(s) per trainer.", "",
-        f"| model | {a.split} success | vs base [95%] | McNemar p | s / step | peak RSS |",
-        "|---|---|---|---|---|---|",
-        f"| base | {sum(base) / n:.3f} | | | | |",
+        f"(other seeds; rows seen in training dropped); {a.steps} steps each; GRPO: prompts x completions per "
+        f"step, no KL; ES: members x prompts each (budget: {a.budget}); max {a.max_tokens} new tokens; scored "
+        f"greedy, success = `correct`. CPU: {cpu_name()}, {a.threads} torch thread(s) per trainer.", "",
+        f"| model | settings | {a.split} success | vs base [95%] | McNemar p | s / step | peak RSS |",
+        "|---|---|---|---|---|---|---|",
+        f"| base | | {sum(base) / n:.3f} | | | | |",
     ]
-    for name in TRAINERS:
-        if name not in scores:
-            continue
+    for name in names:
         r = results[name]
-        lines.append(f"| {name} | {sum(scores[name]) / n:.3f} | {change(base, scores[name])} | "
-                     f"{mcnemar_p(base, scores[name]):.3g} | {r['seconds_per_step']:.1f} | "
-                     f"{r['peak_rss_bytes'] / 2**20:.0f} MiB |")
+        lines.append(f"| {name} | {r.get('settings', '')} | {sum(scores[name]) / n:.3f} | "
+                     f"{change(base, scores[name])} | {mcnemar_p(base, scores[name]):.3g} | "
+                     f"{r['seconds_per_step']:.1f} | {r['peak_rss_bytes'] / 2**20:.0f} MiB |")
+    commands = sorted({results[name].get("command", "") for name in names} - {""})
+    lines += ["", "Command(s):", ""] + [f"    {c}" for c in commands]
     return "\n".join(lines + grpo_gap(scores, "")) + "\n"
+
+
+def comparison_key(a: argparse.Namespace) -> dict:
+    """What runs sharing one OUT must have in common: the scored rows, the base's greedy answers on them
+    (model, token cap, threads) and the budget (steps)."""
+    return {"model": a.model, "split": a.split, "seed": a.seed, "train_rows": a.train_rows,
+            "test_rows": a.test_rows, "max_tokens": a.max_tokens, "threads": a.threads, "steps": a.steps,
+            "budget": a.budget}
+
+
+def merge_results(previous: dict | None, key: dict, results: dict, scores: dict) -> dict:
+    """This run's trainers added to OUT's earlier results with the same key (a trainer run again replaces its
+    entry); earlier results under another key are an error, not silently mixed in."""
+    if previous is None:
+        return {"key": key, "results": results, "scores": scores}
+    if previous.get("key") != key:
+        raise SystemExit(f"error: this run ({key}) differs from the one in OUT/results.json "
+                         f"({previous.get('key')}): use another --out")
+    return {"key": key, "results": {**previous["results"], **results}, "scores": {**previous["scores"], **scores}}
 
 
 def cpu_name() -> str:
@@ -254,12 +289,14 @@ def pool(outs: list[str]) -> str:
 
     runs = [json.loads((Path(o) / "results.json").read_text()) for o in outs]
     names = [n for n in TRAINERS if all(n in r["scores"] for r in runs)]
-    lines = ["| run | trainer | success | vs base [95%] | s / step | peak RSS |", "|---|---|---|---|---|---|"]
+    lines = ["| run | trainer | settings | success | vs base [95%] | s / step | peak RSS |",
+             "|---|---|---|---|---|---|---|"]
     for out, r in zip(outs, runs):
         base = r["scores"]["base"]
-        lines.append(f"| {out} | base | {sum(base) / len(base):.3f} | | | |")
+        lines.append(f"| {out} | base | | {sum(base) / len(base):.3f} | | | |")
         for n in names:
-            lines.append(f"| {out} | {n} | {sum(r['scores'][n]) / len(base):.3f} | {change(base, r['scores'][n])} | "
+            lines.append(f"| {out} | {n} | {r['results'][n].get('settings', '')} | "
+                         f"{sum(r['scores'][n]) / len(base):.3f} | {change(base, r['scores'][n])} | "
                          f"{r['results'][n]['seconds_per_step']:.1f} | "
                          f"{r['results'][n]['peak_rss_bytes'] / 2**20:.0f} MiB |")
     base = [x for r in runs for x in r["scores"]["base"]]
@@ -273,6 +310,8 @@ def pool(outs: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from esopt.utils.io import write_json_atomic, write_text_atomic
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny", help="tiny (a random tiny Llama: smoke only), smollm2, or a HF dir")
     p.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
@@ -289,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batched", action="store_true",
                    help="ES: every member's completions in one generate call (with --es-noise lowrank one "
                         "model serves all; with normal noise each member gets a copy)")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature in training")
+    p.add_argument("--es-temperature", type=float,
+                   help="ES's own (default: --temperature); 0 rolls members out greedy, as esopt's ES runs do")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--train-rows", type=int, default=512)
     p.add_argument("--test-rows", type=int, default=256)
@@ -316,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     Path(a.out).mkdir(parents=True, exist_ok=True)
+    saved = Path(a.out) / "results.json"
+    if saved.exists():  # refuse a mismatched OUT before hours of training, not after
+        merge_results(json.loads(saved.read_text()), comparison_key(a), {}, {})
     model_dir = base_model_dir(a)
     results = {}
     for name in a.trainers:
@@ -325,12 +369,18 @@ def main(argv: list[str] | None = None) -> int:
                        check=True, env=env)
         results[name] = json.loads((Path(a.out) / name / "result.json").read_text())
     test = eval_rows(a)
-    scores = {"base": evaluate(model_dir, test, a.max_tokens)}
-    for name in a.trainers:
-        scores[name] = evaluate(results[name]["final"], test, a.max_tokens)
-    text = report(a, results, scores)
-    (Path(a.out) / "trl_side_by_side.md").write_text(text)
-    (Path(a.out) / "results.json").write_text(json.dumps({"results": results, "scores": scores}, indent=1))
+    scores = {name: evaluate(results[name]["final"], test, a.max_tokens) for name in a.trainers}
+    with open(Path(a.out) / "results.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # runs sharing OUT (one per core) merge one at a time
+        previous = json.loads(saved.read_text()) if saved.exists() else None
+        if previous is not None and previous.get("key") == comparison_key(a):
+            scores["base"] = previous["scores"]["base"]  # the same rows, greedy: the same base answers
+        else:
+            scores["base"] = evaluate(model_dir, test, a.max_tokens)
+        merged = merge_results(previous, comparison_key(a), results, scores)
+        text = report(a, merged["results"], merged["scores"])
+        write_text_atomic(Path(a.out) / "trl_side_by_side.md", text)
+        write_json_atomic(saved, merged)
     print(text)
     return 0
 

@@ -230,7 +230,7 @@ def test_trl_swap_runs_es_batched_with_lowrank_noise(tmp_path):
     es = load_config(out / "es" / "config.yaml").es
     assert (es.noise, es.batched) == ("lowrank", True)
     assert len(read_history(out / "es" / "history.jsonl")) == 2
-    assert "lowrank noise, batched" in (out / "trl_side_by_side.md").read_text()
+    assert "lowrank batched" in (out / "trl_side_by_side.md").read_text()
 
 
 def _trl_swap():
@@ -273,6 +273,37 @@ def test_trl_swap_pools_runs_into_one_paired_table(tmp_path):
     assert "Pooled over 2 runs (8 tasks" in table
     assert "| es | 0.625 | +0.375 [" in table  # 5/8 after vs 2/8 before, paired over the 8 tasks
     assert "trl-grpo" not in table  # a trainer missing from a run is not pooled
+
+
+def test_trl_swap_runs_sharing_one_out_merge_their_trainers_and_refuse_other_rows():
+    """Each trainer may run with its own tuned settings (or on its own core) into one OUT: the results add up,
+    a trainer run again replaces its entry, and a run on other rows or another budget is refused."""
+    import argparse
+
+    swap = _trl_swap()
+    a = argparse.Namespace(model="smollm2", split="test", seed=0, train_rows=512, test_rows=256, max_tokens=16,
+                           threads=1, steps=30, budget="flops")
+    key = swap.comparison_key(a)
+    first = swap.merge_results(None, key, {"es": {"settings": "es1"}}, {"base": [0, 1], "es": [1, 1]})
+    both = swap.merge_results(first, key, {"trl-grpo": {"settings": "g"}}, {"base": [0, 1], "trl-grpo": [0, 0]})
+    assert set(both["scores"]) == {"base", "es", "trl-grpo"} and both["results"]["es"]["settings"] == "es1"
+    again = swap.merge_results(both, key, {"es": {"settings": "es2"}}, {"base": [0, 1], "es": [0, 1]})
+    assert again["scores"]["es"] == [0, 1] and again["results"]["es"]["settings"] == "es2"
+    for change in ({"seed": 1}, {"steps": 10}, {"split": "validation"}):
+        with pytest.raises(SystemExit, match="use another --out"):
+            swap.merge_results(both, swap.comparison_key(argparse.Namespace(**{**vars(a), **change})), {}, {})
+
+
+def test_trl_swap_es_may_roll_out_greedy_while_the_grpos_sample():
+    import argparse
+
+    swap = _trl_swap()
+    a = argparse.Namespace(temperature=1.0, es_temperature=0.0, prompts=4, group=8, lr=1e-5, population=8,
+                           budget="flops", sigma=3e-3, es_lr=3e-3, es_noise="lowrank", batched=True)
+    assert swap.temperature("es", a) == 0.0 and swap.temperature("trl-grpo", a) == 1.0
+    assert swap.settings("es", a) == "32 x 4, sigma 0.003->0.0015, alpha 0.003, lowrank batched, T 0"
+    assert swap.settings("esopt-grpo", a) == "4 x 8, lr 1e-05, T 1"
+    assert swap.temperature("es", argparse.Namespace(**{**vars(a), "es_temperature": None})) == 1.0
 
 
 # --- TRL's environment_factory: multi-turn tool use with the same environment class ----------------------------
