@@ -82,6 +82,7 @@ def make_trainer(name: str, a: argparse.Namespace, model_dir: str, train_ds, out
         from trl import GRPOConfig, GRPOTrainer
 
         args = GRPOConfig(**shared, num_generations=a.group, per_device_train_batch_size=a.prompts * a.group,
+                          lr_scheduler_type=a.lr_schedule,
                           beta=0.0, use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no",
                           report_to="none", dataloader_num_workers=0)
         return GRPOTrainer(model=model_dir, reward_funcs=REWARD_FUNCS, train_dataset=train_ds, args=args)
@@ -104,7 +105,7 @@ def settings(name: str, a: argparse.Namespace) -> str:
         noise = f"{a.es_noise}{' batched' if a.batched else ''}"
         return (f"{es_members(a)} x {a.prompts}, sigma {a.sigma:g}->{a.sigma / 2:g}, alpha {a.es_lr:g}, {noise}, "
                 f"T {temperature(name, a):g}")
-    return f"{a.prompts} x {a.group}, lr {a.lr:g}, T {temperature(name, a):g}"
+    return f"{a.prompts} x {a.group}, lr {a.lr:g} {a.lr_schedule}, T {temperature(name, a):g}"
 
 
 def es_members(a: argparse.Namespace) -> int:
@@ -123,7 +124,8 @@ def esopt_grpo(a: argparse.Namespace, model_dir: str, train_rows: list[dict], ou
             "sampling": {"temperature": temperature("esopt-grpo", a), "top_p": 1.0, "top_k": 0,
                          "max_new_tokens": a.max_tokens},
             "eval": {"every": 0},
-            "grpo": {"tasks_per_step": a.prompts, "group_size": a.group, "lr": a.lr, "kl_beta": 0.0, "epochs": 1,
+            "grpo": {"tasks_per_step": a.prompts, "group_size": a.group, "lr": a.lr, "lr_schedule": a.lr_schedule,
+                     "kl_beta": 0.0, "epochs": 1,
                      "minibatch_size": a.prompts * a.group, "micro_batch_size": min(16, a.prompts * a.group),
                      "reward": "env"}}
     summary = trainer("grpo")(dataset_config(data, train_rows, [], REWARD_FUNCS), out, progress=False)
@@ -321,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--population", type=int, default=8, help="ES members at --budget episodes")
     p.add_argument("--budget", choices=["flops", "episodes"], default="flops")
     p.add_argument("--lr", type=float, default=1e-5, help="both GRPOs' AdamW learning rate")
+    p.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear",
+                   help="both GRPOs' lr schedule (linear decay to 0: TRL's default)")
     p.add_argument("--es-lr", type=float, default=4e-3, help="ES step size alpha")
     p.add_argument("--sigma", type=float, default=8e-3, help="ES noise scale (cosine to half of it)")
     p.add_argument("--es-noise", choices=["normal", "lowrank"], default="normal",

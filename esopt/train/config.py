@@ -264,6 +264,9 @@ class PGSection(Section):
     reward: ScoreKind = Field(
         "env", description="episode score: env reward, success, or info['shaped_reward'] (as ES's member score)")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate of the policy")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant", description="learning rates over the run: constant, or linear decay to 0 at the end "
+        "(transformers' default, which TRL's trainers use)")
     weight_decay: float = Field(0.0, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = Field(1e-8, gt=0)

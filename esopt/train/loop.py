@@ -232,6 +232,6 @@ def finish(rd: RunDir, algorithm: Algorithm, config: BaseTrainConfig, timers: Ti
             f"{last['success_rate']:.3f} | {tail}" if last else f"interrupted at {done}/{config.steps} | {tail}",
             progress)
     elif first and last:
-        say(f"done: held-out success {first['success_rate']:.3f} -> {last['success_rate']:.3f}, reward "
+        say(f"done: eval success {first['success_rate']:.3f} -> {last['success_rate']:.3f}, reward "
             f"{first['mean_reward']:.3f} -> {last['mean_reward']:.3f} | {tail}", progress)
     return summary

@@ -164,6 +164,41 @@ def test_two_step_train_writes_run_dir_and_resumes(tmp_path, resumed_like_uninte
     assert resumed_state["optimizer"]["adamw"]["state"]  # the moments exist (and are what was compared)
 
 
+def test_linear_lr_schedule_is_transformers_linear_decay_and_reaches_the_optimizer(tmp_path, varied_env_id):
+    """lr_schedule: linear scales every group's lr as transformers' linear schedule (TRL's default) does, step
+    by step of the run; the run's metrics record the scale, and a checkpoint's lr never replaces the config's."""
+    from transformers import get_linear_schedule_with_warmup
+
+    from esopt.train.pg import lr_factor, make_optimizer
+
+    w = torch.nn.Parameter(torch.zeros(2))
+    reference = torch.optim.AdamW([w], lr=3e-5)
+    schedule = get_linear_schedule_with_warmup(reference, 0, 5)
+    for step in range(5):
+        assert lr_factor("linear", step, 5) * 3e-5 == pytest.approx(reference.param_groups[0]["lr"], rel=1e-12)
+        reference.step()
+        schedule.step()
+    assert lr_factor("constant", 4, 5) == 1.0
+    section = GRPOTrainConfig().grpo
+    opt = make_optimizer([("policy", [w], 2e-5), ("critic", [torch.nn.Parameter(torch.zeros(1))], 1e-3)], section)
+    opt.scale_lr(0.25)
+    assert [g["lr"] for g in opt.param_groups] == [pytest.approx(5e-6), pytest.approx(2.5e-4)]
+    fresh = make_optimizer([("policy", [w], 2e-5), ("critic", [torch.nn.Parameter(torch.zeros(1))], 1e-3)], section)
+    fresh.load_state_dict(opt.state_dict())  # a checkpoint taken at scale 0.25
+    fresh.scale_lr(1.0)
+    assert [g["lr"] for g in fresh.param_groups] == [pytest.approx(2e-5), pytest.approx(1e-3)]
+
+    config = build_config({"algo": "grpo", "steps": 3, **TINY, "env": {"id": varied_env_id, "kwargs": {}},
+                           "eval": {"every": 0, "tasks": 2}, "grpo": {
+                               "tasks_per_step": 2, "group_size": 2, "minibatch_size": 16, "micro_batch_size": 16,
+                               "reward": "env", "lr": 1e-4, "lr_schedule": "linear"}})
+    train(config, tmp_path, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr_scale"] for r in rows if r["kind"] == "train"] == pytest.approx([1.0, 2 / 3, 1 / 3])
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        build_config({"algo": "grpo", "grpo": {"lr_schedule": "cosine"}})
+
+
 def test_malformed_config_is_one_line():
     with pytest.raises(ConfigError) as e:
         build_config({"algo": "grpo", "grpo": {"group_size": 1}})

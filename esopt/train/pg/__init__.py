@@ -49,6 +49,7 @@ from esopt.train.pg.optimize import (
     MasterAdamW,
     freeze,
     frozen_copy,
+    lr_factor,
     make_optimizer,
     optimize,
     shuffle_generator,
@@ -61,7 +62,7 @@ STATE_FILE = "pg_state.pt"  # optimizer (+ critic) state inside a checkpoint dir
 
 __all__ = ["STATE_FILE", "LossFn", "MasterAdamW", "Norm", "PGSection", "PolicyGradient", "TokenBatch", "TurnSample",
            "aggregate", "batch_logprobs", "collate", "episode_scores", "freeze", "frozen_copy", "kl_k3",
-           "latest_pg_checkpoint", "load_state", "logprob_temperature", "make_optimizer", "masked_sum",
+           "latest_pg_checkpoint", "load_state", "logprob_temperature", "lr_factor", "make_optimizer", "masked_sum",
            "micro_batches", "minibatch_norm", "optimize", "pg_section", "policy_loss", "prefix_once",
            "shared_prefix_forward", "shuffle_generator", "token_logprobs", "train_policy_gradient", "turn_samples"]
 
@@ -92,6 +93,8 @@ def load_state(path: Path, device: torch.device | str) -> dict:
 
 class PGAlgorithm(Protocol):
     """What GRPO and PPO implement: which tasks to roll out, and the update from the trajectories."""
+
+    optimizer: MasterAdamW
 
     def task_seeds(self, step: int) -> list[int]: ...
 
@@ -130,12 +133,14 @@ class PolicyGradient:
         trajectories, stats = self.spec.run(self.policy, self.make_env, self.algo.task_seeds(step), seed=rollout_seed)
         t_up = time.perf_counter()
         self.timers.rollout += t_up - t_step
+        lr_scale = lr_factor(pg_section(config).lr_schedule, step, config.steps)
+        self.algo.optimizer.scale_lr(lr_scale)
         with defer_sigint():  # a step's updates happen completely or not at all
             upd = self.algo.update(trajectories, step)
             self.steps_done = step + 1
         self.policy.weights_changed()
         self.timers.update += time.perf_counter() - t_up
-        return {**step_row(trajectories, pg_section(config).reward), "kl": None, **upd,
+        return {**step_row(trajectories, pg_section(config).reward), "kl": None, "lr_scale": lr_scale, **upd,
                 "generated_tokens": stats.generated_tokens, "prompt_tokens": stats.prompt_tokens,
                 "rollout_seconds": t_up - t_step,
                 "update_seconds": time.perf_counter() - t_up}

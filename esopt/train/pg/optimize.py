@@ -34,9 +34,15 @@ class MasterAdamW:
                 self.pairs.append((p, m))
                 masters.append(m)
             opt_groups.append({"params": masters, "lr": lr, "name": name})
+        self.base_lrs = [lr for _, _, lr in groups]  # the config's, which `scale_lr` scales (not a checkpoint's)
         self.optimizer = torch.optim.AdamW(opt_groups, betas=tuple(section.adam_betas), eps=section.adam_eps,
                                            weight_decay=section.weight_decay)
         self.param_groups = self.optimizer.param_groups  # the masters, grouped (clipping reads them)
+
+    def scale_lr(self, factor: float) -> None:
+        """Every group's learning rate = its configured one x factor (an lr schedule's value at this step)."""
+        for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = lr * factor
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p, m in self.pairs:
@@ -74,6 +80,16 @@ class MasterAdamW:
 def make_optimizer(groups: list[tuple[str, list[torch.nn.Parameter], float]], section: PGSection) -> MasterAdamW:
     """One AdamW over named parameter groups [(name, params, lr)] (e.g. policy and critic), fp32 masters."""
     return MasterAdamW(groups, section)
+
+
+def lr_factor(schedule: str, step: int, steps: int) -> float:
+    """The schedule's multiplier of the learning rate at 0-based training step `step` of `steps`: linear is
+    transformers' `get_linear_schedule_with_warmup` without warmup (1 at the first step, 1/steps at the last)."""
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return max(0.0, (steps - step) / steps)
+    raise ValueError(f"unknown lr_schedule {schedule!r}: use constant or linear")
 
 
 def shuffle_generator(seed: int, step: int) -> torch.Generator:
