@@ -361,9 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    saved = Path(a.out) / "results.json"
+    saved, key = Path(a.out) / "results.json", comparison_key(a)
     if saved.exists():  # refuse a mismatched OUT before hours of training, not after
-        merge_results(json.loads(saved.read_text()), comparison_key(a), {}, {})
+        merge_results(json.loads(saved.read_text()), key, {}, {})
     model_dir = base_model_dir(a)
     results = {}
     for name in a.trainers:
@@ -377,11 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     with open(Path(a.out) / "results.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # runs sharing OUT (one per core) merge one at a time
         previous = json.loads(saved.read_text()) if saved.exists() else None
-        if previous is not None and previous.get("key") == comparison_key(a):
+        if previous is not None and previous.get("key") == key:
             scores["base"] = previous["scores"]["base"]  # the same rows, greedy: the same base answers
         else:
             scores["base"] = evaluate(model_dir, test, a.max_tokens)
-        merged = merge_results(previous, comparison_key(a), results, scores)
+        merged = merge_results(previous, key, results, scores)
         text = report(a, merged["results"], merged["scores"])
         write_text_atomic(Path(a.out) / "trl_side_by_side.md", text)
         write_json_atomic(saved, merged)

@@ -299,8 +299,7 @@ def test_trl_swap_es_may_roll_out_greedy_while_the_grpos_sample():
 
     swap = _trl_swap()
     a = argparse.Namespace(temperature=1.0, es_temperature=0.0, prompts=4, group=8, lr=1e-5, lr_schedule="linear",
-                           population=8,
-                           budget="flops", sigma=3e-3, es_lr=3e-3, es_noise="lowrank", batched=True)
+                           population=8, budget="flops", sigma=3e-3, es_lr=3e-3, es_noise="lowrank", batched=True)
     assert swap.temperature("es", a) == 0.0 and swap.temperature("trl-grpo", a) == 1.0
     assert swap.settings("es", a) == "32 x 4, sigma 0.003->0.0015, alpha 0.003, lowrank batched, T 0"
     assert swap.settings("esopt-grpo", a) == "4 x 8, lr 1e-05 linear, T 1"
